@@ -1,0 +1,24 @@
+"""`python -m bench method=<m> task=<t> model=<model> [overrides]`: run one benchmark (Hydra app)."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from bench.models import MissingArtifactError
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from bench.run import run
+
+    try:
+        run(cfg)
+    except MissingArtifactError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

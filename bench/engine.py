@@ -1,0 +1,161 @@
+"""The one decode loop every method shares: propose a token tree, verify it in one target forward, accept, compact.
+
+Step by step (gpt-fast's shape, generalised to trees):
+  1. prefill the prompt; the target picks the first token (the root of the next tree);
+  2. the drafter proposes a DraftTree under the root (or nothing: plain autoregressive decoding);
+  3. one target forward over [root, nodes..., aux...] with tree attention and depth-based positions;
+  4. the acceptance rule picks the longest valid path and the bonus token after it;
+  5. the KV cache keeps the past, the root and the accepted nodes; the bonus token becomes the next root.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
+from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.tree import DraftTree
+
+
+@dataclass
+class StepResult:
+    """What a drafter learns after a verification step."""
+
+    tree: DraftTree | None
+    logits: torch.Tensor  # [L, vocab] target logits for root, nodes, aux nodes
+    acceptance: Acceptance
+
+
+class Drafter(Protocol):
+    """A method's proposer. `context` is every token so far: prompt, generated tokens and the current root."""
+
+    def start(self, prompt_ids: list[int]) -> None: ...
+
+    def propose(self, context: list[int], budget: int) -> DraftTree | None: ...
+
+    def update(self, step: StepResult) -> None: ...
+
+
+@dataclass
+class StopCondition:
+    """Stops exactly where vanilla decoding stops: an EOS token (kept), a stop string, or max_new_tokens."""
+
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: object = None
+
+    def extend(self, generated: list[int], new_tokens: list[int]) -> bool:
+        """Append new_tokens to generated up to the stopping point; True when generation is over."""
+        for token in new_tokens:
+            generated.append(token)
+            if token in self.eos_token_ids or len(generated) >= self.max_new_tokens or self._hit_stop_string(generated):
+                return True
+        return False
+
+    def _hit_stop_string(self, generated: list[int]) -> bool:
+        if not self.stop_strings:
+            return False
+        tail = self.tokenizer.decode(generated[-16:])
+        return any(s in tail for s in self.stop_strings)
+
+
+@dataclass
+class TurnOutput:
+    tokens: list[int]
+    accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+
+def keep_accepted_kv(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
+    """Keep past_len cached positions plus the step's inputs at `rows`, in that order; drop the rest."""
+    kept = past_len + len(rows)
+    if rows != list(range(len(rows))):
+        index = torch.tensor(rows, device=cache.layers[0].keys.device) + past_len
+        for layer in cache.layers:
+            layer.keys[..., past_len:kept, :] = layer.keys[..., index, :]
+            layer.values[..., past_len:kept, :] = layer.values[..., index, :]
+    surplus = cache.get_seq_length() - kept
+    if surplus:
+        cache.crop(-surplus)
+
+
+class NoDrafter:
+    """Vanilla decoding: proposes nothing, so each step is one target forward for one token."""
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        return None
+
+    def update(self, step: StepResult) -> None:
+        pass
+
+
+class SpeculativeEngine:
+    """Runs draft-then-verify decoding of one prompt with any Hugging Face causal LM."""
+
+    def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig()):
+        self.model = model
+        self.drafter = drafter or NoDrafter()
+        self.sampling = sampling
+        self.device = model.device
+        self._min_value = torch.finfo(model.dtype).min
+
+    def _pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        if self.sampling.greedy:
+            return int(logits.argmax())
+        return sample(logits_to_probs(logits, self.sampling).cpu(), generator)
+
+    def _accept(self, logits: torch.Tensor, tree: DraftTree | None, generator) -> Acceptance:
+        if self.sampling.greedy:
+            return greedy_accept(logits, tree)
+        return speculative_sampling_accept(logits, tree, self.sampling, generator)
+
+    def _verify_inputs(self, root: int, tree: DraftTree | None, past_len: int) -> dict:
+        """input_ids, and for real trees explicit positions and a 4-D additive mask [1, 1, L, past + L]."""
+        tokens = [root] if tree is None else [root, *tree.tokens, *tree.aux_tokens]
+        inputs = {"input_ids": torch.tensor([tokens], device=self.device)}
+        if tree is not None and not tree.is_chain:  # chains use the model's own causal mask
+            length = len(tokens)
+            mask = torch.zeros(1, 1, length, past_len + length, dtype=self.model.dtype, device=self.device)
+            local = tree.local_mask.to(self.device)
+            mask[0, 0, :, past_len:].masked_fill_(~local, self._min_value)
+            inputs["attention_mask"] = mask
+            inputs["position_ids"] = (tree.position_offsets.to(self.device) + past_len).unsqueeze(0)
+        return inputs
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
+        """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        cache = DynamicCache(config=self.model.config)
+        prompt = torch.tensor([prompt_ids], device=self.device)
+        logits = self.model(input_ids=prompt, cache=cache, logits_to_keep=1).logits[0, -1]
+        root = self._pick(logits, generator)
+        out = TurnOutput(tokens=[], accept_lengths=[1])
+        done = stop.extend(out.tokens, [root])
+        self.drafter.start(list(prompt_ids))
+        context = list(prompt_ids) + [root]
+        while not done:
+            tree = self.drafter.propose(context, stop.max_new_tokens - len(out.tokens))
+            if tree is not None and not len(tree) and not tree.aux_tokens:
+                tree = None
+            past_len = cache.get_seq_length()
+            logits = self.model(**self._verify_inputs(root, tree, past_len), cache=cache).logits[0]
+            acceptance = self._accept(logits, tree, generator)
+            keep_accepted_kv(cache, past_len, acceptance.rows)
+            self.drafter.update(StepResult(tree, logits, acceptance))
+            before = len(out.tokens)
+            done = stop.extend(out.tokens, acceptance.tokens)
+            out.accept_lengths.append(len(out.tokens) - before)
+            root = acceptance.tokens[-1]
+            context.extend(acceptance.tokens)
+        return out

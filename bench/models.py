@@ -1,0 +1,91 @@
+"""Load the target model and tokenizer named by a `conf/model/*.yaml` config."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+class MissingArtifactError(RuntimeError):
+    """An artifact (package, weights, datastore) a run needs is not there; the message says how to get it."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MissingArtifactError(f"device={name} was asked for but torch sees no CUDA device; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def package_dir(package: str, install_hint: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingArtifactError(f"package '{package}' is not installed; fix: {install_hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir() -> Path:
+    """Where derived files (dequantized models, datastores) live: $SPECBENCH_CACHE or ~/.cache/specbench."""
+    return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
+
+
+def dequantized_gguf(cfg: DictConfig) -> Path:
+    """A plain float32 safetensors copy of the configured GGUF model, made on first use.
+
+    Dequantizing the GGUF takes ~15 s on every load; the copy loads in about a second.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = package_dir(cfg.package, cfg.install_hint) if cfg.get("package") else Path(cfg.path)
+    gguf = directory / cfg.gguf_file
+    if not gguf.exists():
+        raise MissingArtifactError(f"GGUF file {gguf} not found; fix: {cfg.install_hint}")
+    out = cache_dir() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if (out / "model.safetensors").exists():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=cfg.gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=cfg.gguf_file)
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model.config.quantization_config = None
+    del model.config.quantization_config
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same copy first
+        shutil.rmtree(tmp)
+    return out
+
+
+def load_model(cfg: DictConfig, device: torch.device):
+    """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = dequantized_gguf(cfg) if cfg.get("gguf_file") else cfg.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.get("attn_implementation", "sdpa")
+        )
+    except OSError as err:
+        raise MissingArtifactError(f"cannot load model '{source}': {err}. {cfg.get('install_hint', '')}") from err
+    if cfg.get("chat_template"):
+        tokenizer.chat_template = cfg.chat_template
+    model.to(device).eval()
+    return model, tokenizer

@@ -1,0 +1,204 @@
+"""One benchmark run: decode every question of a task with a method and, interleaved, with vanilla."""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import platform
+import resource
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import hydra.utils
+import pandas as pd
+import torch
+import transformers
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.gpu import GpuMonitor
+from bench.metrics import summarize
+from bench.models import load_model, resolve_device
+from bench.records import AnswerFile, answer_record, config_key
+from bench.sampling import SamplingConfig
+from bench.timing import timed
+from tasks import build_prompt, load_questions
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "mean_accepted_tokens",
+                   "exact_match"]
+
+
+def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingConfig):
+    """The method's drafter from `method.drafter` (`_target_` plus knobs); None for vanilla."""
+    if method_cfg.get("drafter") is None:
+        return None
+    knobs = OmegaConf.to_container(method_cfg.drafter, resolve=True)
+    cls = hydra.utils.get_class(knobs.pop("_target_"))
+    parameters = inspect.signature(cls).parameters
+    if "sampling" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        knobs["sampling"] = sampling
+    return cls(target=model, tokenizer=tokenizer, **knobs)
+
+
+class QuestionDecoder:
+    """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers."""
+
+    def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device):
+        self.engine, self.tokenizer, self.stop, self.device = engine, tokenizer, stop, device
+
+    def __call__(self, question: dict, seed: int) -> list[dict]:
+        conversation, turns = [], []
+        for index, user_turn in enumerate(question["turns"]):
+            conversation.append({"role": "user", "content": user_turn})
+            prompt = build_prompt(self.tokenizer, conversation)
+            with timed(self.device) as elapsed:
+                out = self.engine.generate(prompt, self.stop, seed=seed + index)
+            text = self.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
+            conversation.append({"role": "assistant", "content": text})
+            turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps, "wall_time": elapsed[0],
+                          "accept_lengths": out.accept_lengths, "prompt_ids": prompt})
+        return turns
+
+
+@torch.inference_mode()
+def find_divergence(model, turns: list[dict], baseline: dict, tie_margin: float) -> dict | None:
+    """First position where greedy tokens differ from vanilla's, and whether the target's top-2 logits there are
+    within `tie_margin` (a numerical tie that batched vs. single-token arithmetic may break either way)."""
+    for index, (turn, base_ids) in enumerate(zip(turns, baseline["choices"][0]["token_ids"])):
+        ids = turn["token_ids"]
+        if ids == base_ids:
+            continue
+        position = next((i for i, (a, b) in enumerate(zip(ids, base_ids)) if a != b), min(len(ids), len(base_ids)))
+        if position >= min(len(ids), len(base_ids)):  # one stopped earlier: stop rules differ, never a tie
+            return {"turn": index, "position": position, "logit_gap": math.inf, "numeric_tie": False}
+        prefix = torch.tensor([turn["prompt_ids"] + base_ids[:position]], device=model.device)
+        logits = model(input_ids=prefix, logits_to_keep=1).logits[0, -1].float()
+        ours, theirs = ids[position], base_ids[position]
+        gap = (logits[theirs] - logits[ours]).item()
+        top2 = logits.topk(2).indices.tolist()
+        return {"turn": index, "position": position, "vanilla_token": theirs, "method_token": ours,
+                "logit_gap": gap, "numeric_tie": ours in top2 and theirs in top2 and abs(gap) <= tie_margin}
+    return None
+
+
+def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: GpuMonitor) -> dict:
+    """What a reader needs to trust or reproduce the numbers: config, code version, software, hardware."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=PROJECT_ROOT, capture_output=True,
+                                    text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = None, None
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = platform.processor() or platform.machine()
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.exists():
+            names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
+            device_name = names[0] if names else device_name
+    return {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": device_name,
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": cfg.model.dtype,
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **gpu.report(),
+    }
+
+
+def run(cfg: DictConfig) -> pd.DataFrame:
+    """Run `cfg.method` on `cfg.task`; writes answers.jsonl, baseline.jsonl, summary.csv, meta.json to out_dir."""
+    started = time.time()
+    device = resolve_device(cfg.device)
+    out_dir = Path(cfg.out_dir)
+    model, tokenizer = load_model(cfg.model, device)
+    questions = load_questions(cfg.task)
+    sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
+    stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
+                         tuple(cfg.gen.stop_strings), tokenizer)
+    method = cfg.method.name
+    is_vanilla = cfg.method.get("drafter") is None
+    decode = QuestionDecoder(SpeculativeEngine(model, build_drafter(cfg.method, model, tokenizer, sampling), sampling),
+                             tokenizer, stop, device)
+    vanilla = decode if is_vanilla else QuestionDecoder(SpeculativeEngine(model, None, sampling), tokenizer, stop, device)
+
+    setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
+               "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
+               "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
+    baseline_key = config_key(**setting)
+    answers = AnswerFile(out_dir / "answers.jsonl", config_key(**setting, method=OmegaConf.to_container(cfg.method)),
+                         strict=True)
+    baselines = answers if is_vanilla else AnswerFile(out_dir / "baseline.jsonl", baseline_key, strict=False)
+    with_baseline = cfg.baseline and not is_vanilla
+    todo = [q for q in questions if q["question_id"] not in answers]
+    gpu = GpuMonitor(device)
+
+    if todo:  # warm-up, untimed, so first-call costs do not land on the first question
+        warm_stop = StopCondition(cfg.warmup_tokens, stop.eos_token_ids)
+        prompt = build_prompt(tokenizer, [{"role": "user", "content": todo[0]["turns"][0]}])
+        for decoder in {id(d): d for d in (decode, vanilla)}.values():
+            decoder.engine.generate(prompt, warm_stop, seed=cfg.seed)
+
+    try:
+        bar = tqdm(todo, desc=f"{method} on {cfg.task.name}", unit="q", dynamic_ncols=True)
+        for number, question in enumerate(bar):
+            seed = cfg.seed + question["question_id"]
+            base_turns = None
+            need_base = with_baseline and question["question_id"] not in baselines
+            if need_base and number % 2 == 0:  # alternate the order so neither side always runs second
+                base_turns = vanilla(question, seed)
+            turns = decode(question, seed)
+            if need_base and base_turns is None:
+                base_turns = vanilla(question, seed)
+            if base_turns is not None:
+                baselines.append(answer_record(question, cfg.model.name, "vanilla", baseline_key, base_turns))
+            record = answer_record(question, cfg.model.name, method, answers.run_key, turns)
+            if not sampling.greedy:
+                record["exact_match"], record["divergence"] = None, None
+            elif is_vanilla:
+                record["exact_match"], record["divergence"] = True, None
+            elif question["question_id"] in baselines:
+                base = baselines.records[question["question_id"]]
+                record["exact_match"] = [t["token_ids"] for t in turns] == base["choices"][0]["token_ids"]
+                record["divergence"] = find_divergence(model, turns, base, cfg.model.tie_margin)
+            answers.append(record)
+            gpu.sample()
+            bar.set_postfix_str(_progress_note(method, answers, baselines))
+    finally:
+        summary = summarize(method, list(answers.records.values()), baselines.records) if answers.records else None
+        if summary is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            summary.to_csv(out_dir / "summary.csv", index=False)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "meta.json").write_text(json.dumps(run_metadata(cfg, device, started, gpu), indent=2) + "\n")
+    print(f"\n{method} on {cfg.task.name} ({cfg.model.name}, {cfg.model.dtype}, {device}) -> {out_dir}")
+    print(summary[SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return summary
+
+
+def _progress_note(method: str, answers: AnswerFile, baselines: AnswerFile) -> str:
+    row = summarize(method, list(answers.records.values()), baselines.records).iloc[-1]
+    return f"speedup {row.speedup:.2f}x  accepted/step {row.mean_accepted_tokens:.2f}"
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """EOS ids as `generate` uses them: the generation config's, else the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}

@@ -1,0 +1,59 @@
+"""Spec-Bench task suites: which question categories make each task, and how prompts are built."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+QUESTIONS_FILE = Path(__file__).parent / "data" / "question.jsonl"
+
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+TASK_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "mt_bench": MT_BENCH_CATEGORIES,
+    "translation": ("translation",),
+    "summarization": ("summarization",),
+    "qa": ("qa",),
+    "math_reasoning": ("math_reasoning",),
+    "rag": ("rag",),
+}
+
+
+def task_of(category: str) -> str:
+    """The Spec-Bench task a question category belongs to."""
+    for task, categories in TASK_CATEGORIES.items():
+        if category in categories:
+            return task
+    return category
+
+
+def load_questions(cfg: DictConfig) -> list[dict]:
+    """Questions of the configured tasks, in file order, the first `limit` of each task.
+
+    Loads through `datasets`, so `source` can name a local JSON file (the default: the 480 Spec-Bench questions
+    shipped in tasks/data) or any dataset with `question_id`, `category` and `turns` columns.
+    """
+    import datasets
+
+    source = dict(cfg.source)
+    if source.get("data_files") is None and source.get("path") == "json":
+        source["data_files"] = str(QUESTIONS_FILE)
+    datasets.disable_progress_bars()
+    rows = datasets.load_dataset(**source)
+    wanted = {task: TASK_CATEGORIES.get(task, (task,)) for task in cfg.tasks}
+    taken: dict[str, int] = {task: 0 for task in wanted}
+    questions = []
+    for row in rows:
+        task = next((t for t, cats in wanted.items() if row["category"] in cats), None)
+        if task is None or (cfg.limit is not None and taken[task] >= cfg.limit):
+            continue
+        taken[task] += 1
+        questions.append({"question_id": row["question_id"], "category": row["category"], "turns": list(row["turns"])})
+    if not questions:
+        raise ValueError(f"task '{cfg.name}' selected no questions (tasks={list(cfg.tasks)}, limit={cfg.limit})")
+    return questions
+
+
+def build_prompt(tokenizer, conversation: list[dict]) -> list[int]:
+    """Token ids of a chat so far, rendered with the model's chat template, ready for the assistant's reply."""
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids

@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny randomly initialised Llama (fast tier) and the real SmolLM2 (marked `real_model`)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from bench.engine import SpeculativeEngine, StopCondition
+
+VOCAB = 96
+
+
+def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+    """A 2-layer Llama with large random weights so its argmax has no near-ties; float64 rules out rounding flips."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.5, eos_token_id=None,
+        bos_token_id=None, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (5, 17, 40)]
+
+
+def vanilla_tokens(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int] = frozenset()) -> list[int]:
+    return SpeculativeEngine(model).generate(prompt, StopCondition(max_new_tokens, eos)).tokens
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    from tests.tiny_checkpoint import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def compose(tiny_checkpoint, tmp_path):
+    """compose(*overrides) -> the CLI's config for the tiny checkpoint, writing to a fresh out_dir."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from bench.run import PROJECT_ROOT
+
+    def _compose(*overrides: str):
+        base = [f"model.path={tiny_checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
+                "model.dtype=float64", "device=cpu", f"out_dir={tmp_path / 'run'}", "gen.max_new_tokens=12",
+                "warmup_tokens=2"]
+        with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            return hydra_compose("config", overrides=base + list(overrides))
+
+    return _compose

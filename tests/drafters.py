@@ -1,0 +1,20 @@
+"""Drafters used only by tests, loadable by `_target_` from a method override."""
+from __future__ import annotations
+
+from bench.tree import DraftTree
+
+
+class RepeatLastDrafter:
+    """Proposes the last token `width` times: often wrong, sometimes right; output must still equal vanilla's."""
+
+    def __init__(self, target, tokenizer, width: int = 3):
+        self.width = width
+
+    def start(self, prompt_ids):
+        pass
+
+    def propose(self, context, budget):
+        return DraftTree.chain([context[-1]] * min(self.width, budget))
+
+    def update(self, step):
+        pass

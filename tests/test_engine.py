@@ -1,0 +1,110 @@
+"""The shared engine is lossless: whatever the drafter proposes, greedy output equals plain decoding."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from bench.engine import SpeculativeEngine, StopCondition, keep_accepted_kv
+from bench.tree import DraftTree
+from tests.conftest import VOCAB, vanilla_tokens
+
+
+class ScriptedDrafter:
+    """Proposes from a known reference continuation: `mode` decides how right the proposals are."""
+
+    def __init__(self, reference: list[int], prompt_len: int, mode: str, width: int = 4):
+        self.reference, self.prompt_len, self.mode, self.width = reference, prompt_len, mode, width
+        self.steps: list[tuple[DraftTree, int]] = []
+
+    def start(self, prompt_ids):
+        pass
+
+    def propose(self, context, budget):
+        done = len(context) - self.prompt_len  # tokens generated so far, the root included
+        truth = self.reference[done : done + self.width]
+        wrong = [(t + 1) % VOCAB for t in truth]
+        if self.mode == "right":
+            return DraftTree.chain(truth)
+        if self.mode == "wrong":
+            return DraftTree.chain(wrong)
+        if self.mode == "half":
+            return DraftTree.chain(truth[:2] + wrong[2:])
+        if self.mode == "tree":  # a wrong branch first, then the right chain, plus a wrong sibling deeper down
+            tokens, parents = [], []
+            if truth:
+                tokens += [wrong[0]] + truth
+                parents += [-1, -1] + list(range(1, len(truth)))
+            if len(truth) > 2:
+                tokens.append(wrong[2])
+                parents.append(2)
+            return DraftTree(tokens, parents)
+        raise ValueError(self.mode)
+
+    def update(self, step):
+        self.steps.append((step.tree, step.acceptance.num_accepted_drafts))
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "half", "tree"])
+def test_any_drafter_gives_vanilla_tokens(tiny_model, prompts, mode):
+    for prompt in prompts:
+        reference = vanilla_tokens(tiny_model, prompt, 30)
+        drafter = ScriptedDrafter(reference, len(prompt), mode)
+        out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(30))
+        assert out.tokens == reference
+        assert sum(out.accept_lengths) == 30
+        accepted = [n for _, n in drafter.steps]
+        if mode == "wrong":
+            assert set(accepted) == {0} and out.steps == 30
+        if mode == "half":
+            assert max(accepted) == 2
+        if mode in ("right", "tree"):
+            assert max(accepted) == 4 and out.steps < 30 / 4 + 2
+
+
+def test_eos_stops_where_vanilla_stops(tiny_model, prompts):
+    prompt = prompts[1]
+    reference = vanilla_tokens(tiny_model, prompt, 30)
+    eos = frozenset({reference[13]})
+    expected = reference[: reference.index(reference[13]) + 1]
+    assert vanilla_tokens(tiny_model, prompt, 30, eos) == expected
+    drafter = ScriptedDrafter(reference, len(prompt), "right", width=6)
+    assert SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(30, eos)).tokens == expected
+
+
+def test_kv_cache_keeps_exactly_the_accepted_path(tiny_model, prompts):
+    """After a tree step the cache equals the cache of the prompt plus the accepted tokens fed one by one."""
+    prompt = prompts[2]
+    reference = vanilla_tokens(tiny_model, prompt, 8)
+    root, truth = reference[0], reference[1:4]
+    wrong = [(t + 1) % VOCAB for t in truth]
+    tree = DraftTree([wrong[0], truth[0], truth[1], wrong[1], truth[2]], [-1, -1, 1, 1, 2])
+    engine = SpeculativeEngine(tiny_model)
+    cache = DynamicCache(config=tiny_model.config)
+    with torch.inference_mode():
+        tiny_model(input_ids=torch.tensor([prompt]), cache=cache)
+        past = cache.get_seq_length()
+        logits = tiny_model(**engine._verify_inputs(root, tree, past), cache=cache).logits[0]
+        acceptance = engine._accept(logits, tree, None)
+        assert acceptance.rows == [0, 2, 3, 5] and acceptance.tokens == reference[1:5]
+        keep_accepted_kv(cache, past, acceptance.rows)
+        expected = DynamicCache(config=tiny_model.config)
+        tiny_model(input_ids=torch.tensor([prompt + [root] + truth]), cache=expected)
+    assert cache.get_seq_length() == expected.get_seq_length() == len(prompt) + 4
+    for got, want in zip(cache.layers, expected.layers):
+        torch.testing.assert_close(got.keys, want.keys)
+        torch.testing.assert_close(got.values, want.values)
+
+
+def test_tree_logits_match_sequential_decoding(tiny_model, prompts):
+    """Every node's verifier logits equal those of decoding its path on its own (tree mask + positions)."""
+    prompt = prompts[0]
+    tree = DraftTree([5, 6, 7, 8, 9], [-1, -1, 0, 1, 1])
+    engine = SpeculativeEngine(tiny_model)
+    with torch.inference_mode():
+        cache = DynamicCache(config=tiny_model.config)
+        tiny_model(input_ids=torch.tensor([prompt]), cache=cache)
+        logits = tiny_model(**engine._verify_inputs(3, tree, len(prompt)), cache=cache).logits[0]
+        for node, path in enumerate([[5], [6], [5, 7], [6, 8], [6, 9]]):
+            full = tiny_model(input_ids=torch.tensor([prompt + [3] + path])).logits[0, -1]
+            torch.testing.assert_close(logits[node + 1], full)
