@@ -60,3 +60,25 @@ def compose(tiny_checkpoint, tmp_path):
             return hydra_compose("config", overrides=base + list(overrides))
 
     return _compose
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct on CPU, in its configured dtype."""
+    from omegaconf import OmegaConf
+
+    from bench.models import load_model
+    from bench.run import PROJECT_ROOT
+
+    return load_model(OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml"), torch.device("cpu"))
+
+
+def spec_bench_prompts(tokenizer, category: str, count: int) -> list[list[int]]:
+    """First-turn prompts of the first `count` Spec-Bench questions of a category, through the chat template."""
+    import json
+
+    from tasks import QUESTIONS_FILE, build_prompt
+
+    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
+    picked = [q for q in questions if q["category"] == category][:count]
+    return [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in picked]
