@@ -84,7 +84,8 @@ def load_model(cfg: DictConfig, device: torch.device):
             source, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.get("attn_implementation", "sdpa")
         )
     except OSError as err:
-        raise MissingArtifactError(f"cannot load model '{source}': {err}. {cfg.get('install_hint', '')}") from err
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise MissingArtifactError(f"cannot load model '{source}' ({reason}); fix: {cfg.install_hint}") from err
     if cfg.get("chat_template"):
         tokenizer.chat_template = cfg.chat_template
     model.to(device).eval()
