@@ -179,13 +179,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             answers.append(record)
             gpu.sample()
             bar.set_postfix_str(_progress_note(method, answers, baselines))
-    finally:
+    finally:  # also after an interruption: summarise what is done
+        out_dir.mkdir(parents=True, exist_ok=True)
         summary = summarize(method, list(answers.records.values()), baselines.records) if answers.records else None
         if summary is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
             summary.to_csv(out_dir / "summary.csv", index=False)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "meta.json").write_text(json.dumps(run_metadata(cfg, device, started, gpu), indent=2) + "\n")
+        meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key}
+        (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"\n{method} on {cfg.task.name} ({cfg.model.name}, {cfg.model.dtype}, {device}) -> {out_dir}")
     print(summary[SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return summary

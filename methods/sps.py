@@ -1,0 +1,159 @@
+"""SpS: speculative sampling with a separate draft model of the same tokenizer (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft model autoregresses a chain of γ tokens with its own KV cache; the shared engine verifies the chain in one
+target forward and applies the shared acceptance rule (greedy match, or min(1, p/q) with residual resampling).
+A draft is either any Hugging Face causal LM (e.g. `double7/vicuna-68m` for Vicuna) or a few of the target's own
+layers distilled by `python -m bench.train method=sps`, stored without the embedding and LM head it shares with the
+target (`slice_target`, `save_draft`, `load_draft`).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+from bench.engine import StepResult
+from bench.models import MissingArtifactError
+from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.tree import DraftTree
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_FLAG = "specbench_shares_target_embeddings"  # config.json key: embedding and LM head come from the target
+
+
+def slice_target(target, layers: list[int], dtype: torch.dtype | None = None):
+    """A draft made of the target's decoder `layers` (copied), its final norm (copied) and its embedding and
+    LM head (shared modules, not copied)."""
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[i] for i in layers]
+    if hasattr(config, "quantization_config"):  # the GGUF target is dequantized on load; the draft is plain
+        del config.quantization_config
+    setattr(config, SHARED_FLAG, True)
+    config.specbench_target_layers = list(layers)
+    draft = AutoModelForCausalLM.from_config(config, dtype=dtype or target.dtype)
+    for mine, source in zip(draft.model.layers, layers):
+        mine.load_state_dict(target.model.layers[source].state_dict())
+    draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    _attach_shared(draft, target)
+    return draft.to(target.device).eval()
+
+
+def _attach_shared(draft, target) -> None:
+    draft.set_input_embeddings(target.get_input_embeddings())
+    draft.set_output_embeddings(target.get_output_embeddings())
+
+
+def _own_state(draft) -> dict[str, torch.Tensor]:
+    """The draft's weights minus the embedding and LM head it shares with the target."""
+    shared = {id(p) for module in (draft.get_input_embeddings(), draft.get_output_embeddings()) for p in module.parameters()}
+    return {name: p for name, p in draft.named_parameters() if id(p) not in shared}
+
+
+def save_draft(draft, out_dir: Path, card: dict) -> None:
+    """A standard HF checkpoint (config.json + fp16 model.safetensors) without the shared weights, plus card.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(draft.config)
+    config.dtype = torch.float16
+    config.save_pretrained(out_dir)
+    state = {name: p.detach().to(torch.float16).contiguous() for name, p in _own_state(draft).items()}
+    save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+
+
+def resolve_draft_path(path: str | Path) -> Path | None:
+    """A local draft folder (absolute, or relative to the project root, not the cwd); None for a hub id."""
+    path = Path(path)
+    local = path if path.is_absolute() else PROJECT_ROOT / path
+    if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
+        return local
+    return None
+
+
+def load_draft(path: str | Path, target, train_command: str = "python -m bench.train method=sps"):
+    """Load a draft on the target's device and dtype; reattach the target's embedding and LM head when shared."""
+    local = resolve_draft_path(path)
+    if local is not None and not (local / "config.json").exists():
+        raise MissingArtifactError(f"SpS draft not found at {local}; make it with: {train_command}")
+    source = str(local or path)
+    try:
+        config = AutoConfig.from_pretrained(source)
+        if getattr(config, SHARED_FLAG, False):
+            draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+            _attach_shared(draft, target)
+            state = load_file(local / "model.safetensors")
+            missing = set(_own_state(draft)) - set(state)
+            if missing:
+                raise MissingArtifactError(f"SpS draft {local} lacks {sorted(missing)[:3]}; remake it with: {train_command}")
+            draft.load_state_dict(state, strict=False)
+        else:
+            draft = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype)
+    except OSError as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise MissingArtifactError(f"SpS draft '{source}' cannot be loaded ({reason}); download it to the HF cache "
+                                   f"or set model.sps_draft to a local copy") from err
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft vocab {draft.config.vocab_size} != target vocab {target.config.vocab_size}")
+    return draft.to(target.device).eval()
+
+
+class DraftModelDrafter:
+    """Proposes a chain of `num_draft_tokens` (γ) tokens sampled (or, under greedy, argmax-picked) from the draft.
+
+    Spec-Bench ran transformers 4.36's assisted generation, whose defaults were γ = 5 and the "heuristic" schedule;
+    `adaptive` is that schedule (γ + 2 after a fully accepted chain, else γ - 1, at least 1), reset every turn.
+    `sampling` must be the run's SamplingConfig so that q is processed like p; without it the draft proposes its
+    argmax with q = None, which the acceptance rule treats as a deterministic (still lossless) proposal.
+    """
+
+    def __init__(self, target, tokenizer=None, draft_path: str | None = None, num_draft_tokens: int = 5,
+                 adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,
+                 draft_model=None, train_command: str = "python -m bench.train method=sps"):
+        self.draft = draft_model if draft_model is not None else load_draft(draft_path, target, train_command)
+        self.initial_draft_tokens = self.num_draft_tokens = num_draft_tokens
+        self.adaptive = adaptive
+        self.sampling = sampling or SamplingConfig()
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.cache: DynamicCache | None = None
+        self._base = 0  # len(context) at the last proposal: the cache length to keep before accepted drafts
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int]) -> None:
+        self.num_draft_tokens = self.initial_draft_tokens
+        self.cache = DynamicCache(config=self.draft.config)
+        self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        self._base = len(context)
+        n = min(self.num_draft_tokens, budget - 1)  # a step adds accepted drafts + 1 bonus token
+        if n <= 0:
+            return None
+        pending = context[self.cache.get_seq_length():]  # the root, plus the last chain's final draft if all were kept
+        tokens, probs = [], []
+        for _ in range(n):
+            ids = torch.tensor([pending], device=self.draft.device)
+            logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # [vocab]
+            if self.sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = logits_to_probs(logits, self.sampling).cpu()  # [vocab]
+                token = sample(q, self.generator)
+                probs.append(q)
+            tokens.append(token)
+            pending = [token]
+        return DraftTree.chain(tokens, torch.stack(probs) if probs else None)
+
+    def update(self, step: StepResult) -> None:
+        accepted = step.acceptance.num_accepted_drafts
+        surplus = self.cache.get_seq_length() - (self._base + accepted)  # cache keeps context + accepted drafts
+        if surplus > 0:
+            self.cache.crop(-surplus)
+        if self.adaptive and step.tree is not None and len(step.tree):
+            full = accepted == len(step.tree)
+            self.num_draft_tokens = self.num_draft_tokens + 2 if full else max(1, self.num_draft_tokens - 1)

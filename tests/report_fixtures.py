@@ -1,0 +1,68 @@
+"""Hand-built run folders (answers.jsonl, baseline.jsonl, summary.csv, meta.json) with chosen numbers, so the
+report and regression tests know every expected value without decoding anything."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.metrics import summarize
+
+# one question per task: (question_id, category)
+QUESTIONS = [(81, "writing"), (161, "translation"), (241, "summarization"), (321, "qa"), (401, "math_reasoning"),
+             (481, "rag")]
+TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
+                       ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]))
+
+
+def record(question_id: int, category: str, method: str, accepts: list[list[int]], wall_time: list[float],
+           exact_match: bool | None = True, divergence: dict | None = None, run_key: str = "key") -> dict:
+    """A Spec-Bench answer line whose turn k added accepts[k] tokens per target forward (prefill first)."""
+    return {
+        "question_id": question_id, "category": category, "answer_id": f"{method}-{question_id}",
+        "model_id": "m", "method": method, "run_key": run_key, "tstamp": 1.0,
+        "choices": [{
+            "index": 0,
+            "turns": [f"answer {k}" for k in range(len(accepts))],
+            "decoding_steps": [len(a) for a in accepts],
+            "new_tokens": [sum(a) for a in accepts],
+            "wall_time": wall_time,
+            "accept_lengths": [x for a in accepts for x in a],
+            "token_ids": [list(range(sum(a))) for a in accepts],
+        }],
+        "exact_match": exact_match,
+        "divergence": divergence,
+    }
+
+
+def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict] | None = None, *,
+              model: str = "m", dtype: str = "bfloat16", device: str = "cpu", device_name: str = "Test CPU",
+              max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
+              finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
+              torch_version: str = "2.13.0") -> Path:
+    """A run folder as bench.run writes it."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
+    if baselines is not None:
+        (path / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in baselines))
+    by_qid = {r["question_id"]: r for r in (answers if baselines is None else baselines)}
+    summarize(method, answers, by_qid).to_csv(path / "summary.csv", index=False)
+    if drafter is None and method != "vanilla":
+        drafter = {"_target_": f"methods.{method}.Drafter"}
+    meta = {
+        "config": {"method": {"name": method, "drafter": drafter}, "model": {"name": model, "dtype": dtype},
+                   "task": {"name": task, "limit": 1}, "gen": {"max_new_tokens": max_new_tokens,
+                                                                "temperature": temperature}, "seed": 0},
+        "git_commit": "abc", "torch": torch_version, "transformers": "5.24.0", "device": device,
+        "device_name": device_name, "dtype": dtype, "host": "h", "started": finished, "finished": finished,
+    }
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def vanilla_records(times: dict[int, float], tokens: int = 12) -> list[dict]:
+    """Vanilla answers: one token per forward, `tokens` per turn (two turns for the MT-bench question)."""
+    out = []
+    for qid, category in QUESTIONS:
+        turns = 2 if category == "writing" else 1
+        out.append(record(qid, category, "vanilla", [[1] * tokens] * turns, [times[qid] / turns] * turns))
+    return out

@@ -1,0 +1,166 @@
+"""bench.regress against a committed baseline: passes unchanged, fails naming method and task on each kind of drop."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.regress import RegressError, main, regress
+from bench.report import write_report
+from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
+
+BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}
+
+
+def pld_run(path: Path, accepts: list[int] = (1, 3, 3, 3, 2), factor: float = 1.5, diverge: dict | None = None,
+            limit_to: set[int] | None = None, **kw) -> Path:
+    """A pld run on every task, `factor` times vanilla's speed; `diverge` gives qid -> divergence record."""
+    answers = []
+    for qid, category in QUESTIONS:
+        if limit_to is not None and qid not in limit_to:
+            continue
+        turns = 2 if category == "writing" else 1
+        divergence = (diverge or {}).get(qid)
+        answers.append(record(qid, category, "pld", [list(accepts)] * turns, [1.0 / turns / factor] * turns,
+                              exact_match=divergence is None, divergence=divergence))
+    return write_run(path, "pld", answers, vanilla_records(BASE_TIME), **kw)
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    write_run(root / "vanilla", "vanilla", vanilla_records(BASE_TIME))
+    pld_run(root / "pld")
+    return root
+
+
+@pytest.fixture
+def baseline(results, tmp_path):
+    path = tmp_path / "baselines" / "m-cpu.json"
+    assert regress(results, path, update=True, out=io.StringIO()) == 0
+    return path
+
+
+def check(path: Path, baseline: Path, **kw) -> tuple[int, str]:
+    out = io.StringIO()
+    status = regress(path, baseline, out=out, **kw)
+    return status, out.getvalue()
+
+
+def edit(baseline: Path, method: str, task: str, **values) -> None:
+    data = json.loads(baseline.read_text())
+    data["methods"][method][task].update(values)
+    baseline.write_text(json.dumps(data))
+
+
+def test_update_writes_every_method_and_task_and_an_unchanged_baseline_passes(results, baseline):
+    data = json.loads(baseline.read_text())
+    assert data["setting"] == {"model": "m", "device": "cpu", "dtype": "bfloat16", "max_new_tokens": 32,
+                               "temperature": 0.0}
+    assert sorted(data["methods"]) == ["pld", "vanilla"] and len(data["methods"]["pld"]) == 7
+    assert data["methods"]["pld"]["qa"] == {"n_questions": 1, "mean_accepted_tokens": 2.4, "exact_match": 1.0,
+                                            "speedup": 1.5}
+    status, text = check(results, baseline)
+    assert status == 0 and "passed: 0 problem(s)" in text and "FAIL" not in text
+
+
+def test_baseline_demanding_more_accepted_tokens_fails_naming_method_and_task(results, baseline):
+    edit(baseline, "pld", "qa", mean_accepted_tokens=2.5)  # now 2.4: 4% lower, tolerance 2%
+    status, text = check(results, baseline)
+    assert status == 1
+    assert "FAIL  pld / qa: mean accepted tokens 2.400 < baseline 2.500 by 4.0% (tolerance 2%" in text
+    assert text.count("FAIL  ") == 1 and "FAILED: 1 problem(s)" in text
+    status, _ = check(results, baseline, mat_tolerance=0.05)  # within a wider tolerance
+    assert status == 0
+
+
+def test_mean_accepted_tokens_within_tolerance_passes(results, baseline):
+    edit(baseline, "pld", "overall", mean_accepted_tokens=2.4 * 1.019)
+    assert check(results, baseline)[0] == 0
+
+
+def test_exact_match_drop_fails_naming_method_task_and_question(tmp_path, baseline):
+    wrong = {"turn": 0, "position": 4, "logit_gap": 2.5, "numeric_tie": False}
+    pld_run(tmp_path / "now" / "pld", diverge={481: wrong})
+    write_run(tmp_path / "now" / "vanilla", "vanilla", vanilla_records(BASE_TIME))
+    status, text = check(tmp_path / "now", baseline)
+    assert status == 1
+    assert "FAIL  pld / rag: output differs from vanilla beyond a numeric tie on question(s) 481 " \
+           "(exact_match 0.000, 0 numeric tie(s) accepted)" in text
+
+
+def test_numeric_tie_is_accepted_and_noted(tmp_path, baseline):
+    tie = {"turn": 0, "position": 4, "logit_gap": 0.01, "numeric_tie": True}
+    pld_run(tmp_path / "now" / "pld", diverge={321: tie})
+    write_run(tmp_path / "now" / "vanilla", "vanilla", vanilla_records(BASE_TIME))
+    status, text = check(tmp_path / "now", baseline)
+    assert status == 0 and "note  pld / qa: 1 question(s) differ from vanilla at a numeric tie only" in text
+
+
+def test_speedup_drop_beyond_its_tolerance_fails(tmp_path, baseline):
+    pld_run(tmp_path / "slow" / "pld", factor=1.2)  # 20% slower than the baseline's 1.5x: within 30%
+    assert check(tmp_path / "slow", baseline, allow_missing=True)[0] == 0
+    pld_run(tmp_path / "slower" / "pld", factor=0.9)  # 40% slower
+    status, text = check(tmp_path / "slower", baseline, allow_missing=True)
+    assert status == 1 and "FAIL  pld / qa: speedup 0.900 < baseline 1.500 by 40.0% (tolerance 30%" in text
+    assert check(tmp_path / "slower", baseline, allow_missing=True, speedup_tolerance=0.5)[0] == 0
+
+
+def test_missing_method_fails_unless_allowed(tmp_path, baseline):
+    pld_run(tmp_path / "only-pld" / "pld")
+    status, text = check(tmp_path / "only-pld", baseline)
+    assert status == 1 and "FAIL  vanilla / overall: in the baseline but not in these runs" in text
+    assert check(tmp_path / "only-pld", baseline, allow_missing={"vanilla"})[0] == 0
+    assert check(tmp_path / "only-pld", baseline, allow_missing={"sps"})[0] == 1
+
+
+def test_other_question_counts_are_not_compared(tmp_path, baseline):
+    pld_run(tmp_path / "few" / "pld", limit_to={321})
+    status, text = check(tmp_path / "few", baseline, allow_missing=True)
+    assert status == 1 and "FAIL  pld / overall: ran on 1 questions, the baseline on 6" in text
+
+
+def test_report_folder_and_run_folder_are_read_too(results, baseline, tmp_path):
+    write_report(results, tmp_path / "report")
+    assert check(tmp_path / "report", baseline)[0] == 0
+    edit(baseline, "pld", "mt_bench", mean_accepted_tokens=3.0)
+    status, text = check(tmp_path / "report", baseline)
+    assert status == 1 and "pld / mt_bench: mean accepted tokens" in text
+    status, text = check(results / "pld", baseline)  # one run folder: vanilla missing, mt_bench still too low
+    assert status == 1 and "pld / mt_bench" in text and "vanilla / overall: in the baseline but not" in text
+
+
+def test_runs_of_another_setting_are_an_error(tmp_path, baseline):
+    pld_run(tmp_path / "fp32" / "pld", dtype="float32")
+    with pytest.raises(RegressError, match="no runs with the baseline's setting"):
+        regress(tmp_path / "fp32", baseline, out=io.StringIO())
+    with pytest.raises(RegressError, match="no baseline file"):
+        regress(tmp_path / "fp32", tmp_path / "none.json", out=io.StringIO())
+
+
+def test_update_refuses_runs_that_differ_from_vanilla_and_merges_otherwise(tmp_path, baseline):
+    wrong = {"turn": 0, "position": 4, "logit_gap": 2.5, "numeric_tie": False}
+    pld_run(tmp_path / "bad" / "pld", diverge={81: wrong})
+    before = baseline.read_text()
+    status, text = check(tmp_path / "bad", baseline, update=True)
+    assert status == 1 and "baseline NOT written" in text and baseline.read_text() == before
+    pld_run(tmp_path / "better" / "pld", accepts=(1, 4, 4, 3), factor=2.0)
+    assert check(tmp_path / "better", baseline, update=True)[0] == 0
+    data = json.loads(baseline.read_text())
+    assert data["methods"]["pld"]["qa"]["mean_accepted_tokens"] == 3.0 and "vanilla" in data["methods"]
+
+
+def test_cli_exit_codes(results, baseline, capsys):
+    with pytest.raises(SystemExit) as passed:
+        main([str(results), "--baseline", str(baseline)])
+    edit(baseline, "pld", "qa", speedup=3.0)
+    with pytest.raises(SystemExit) as failed:
+        main([str(results), "--baseline", str(baseline)])
+    with pytest.raises(SystemExit) as unusable:
+        main([str(results), "--baseline", str(baseline.with_name("missing.json"))])
+    assert (passed.value.code, failed.value.code, unusable.value.code) == (0, 1, 2)
+    captured = capsys.readouterr()
+    assert "FAIL  pld / qa: speedup 1.500 < baseline 3.000 by 50.0%" in captured.out
+    assert "no baseline file" in captured.err

@@ -1,0 +1,272 @@
+"""bench.report: the leaderboard's numbers, layout and files; and Spec-Bench's speed arithmetic on our answer files."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bench.report import TASK_COLUMNS, accept_lengths_by_method, leaderboard, load_runs, method_labels, select_latest, \
+    write_report
+from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
+
+SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
+                       "Mathematical Reasoning", "Retrieval-aug. Generation", "#Mean Accepted Tokens", "Overall"]
+BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}  # vanilla: 12 tokens per turn in 1 s per question
+
+
+def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], **kw) -> Path:
+    """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
+    `accepts` tokens per forward in each turn (prefill first)."""
+    answers, baselines = [], []
+    for qid, category in QUESTIONS:
+        if qid not in factor:
+            continue
+        turns = 2 if category == "writing" else 1
+        answers.append(record(qid, category, method, [accepts] * turns, [1.0 / turns / factor[qid]] * turns))
+        baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns))
+    return write_run(path, method, answers, baselines, **kw)
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in markdown.splitlines() if line.startswith("|")]
+
+
+# --- the numbers -----------------------------------------------------------------------------------------------------
+
+def test_overall_is_recomputed_over_questions_not_averaged_over_tasks(tmp_path):
+    # qa runs 4x faster with 12 tokens in 0.25 s, rag 1x; vanilla 12 tokens per second everywhere.
+    method_run(tmp_path / "pld", "pld", {321: 4.0, 481: 1.0}, [1, 3, 3, 3, 2])
+    board = leaderboard(load_runs(tmp_path)).set_index("task")
+    assert board.loc["qa", "speedup"] == pytest.approx(4.0) and board.loc["rag", "speedup"] == pytest.approx(1.0)
+    # Spec-Bench: mean tokens/s over questions (48 and 12 tokens/s) / vanilla's (12 and 12): 2.5, not (4 + 1) / 2
+    assert board.loc["overall", "tokens_per_s"] == pytest.approx(30.0)
+    assert board.loc["overall", "baseline_tokens_per_s"] == pytest.approx(12.0)
+    assert board.loc["overall", "speedup"] == pytest.approx(2.5)
+    assert board.loc["overall", "mean_accepted_tokens"] == pytest.approx(12 / 5)
+    # accepted draft tokens per decode step are 2, 2, 2, 1 (prefill left out): >= 1 always, >= 2 in 3 of 4, >= 3 never
+    assert board.loc["overall", ["accept_rate_pos1", "accept_rate_pos2", "accept_rate_pos3"]].tolist() == [1, 0.75, 0]
+
+
+def test_runs_of_separate_tasks_combine_and_the_latest_run_of_a_task_wins(tmp_path):
+    method_run(tmp_path / "pld" / "all", "pld", {q: 2.0 for q, _ in QUESTIONS}, [1, 2, 2, 2, 2, 2, 1],
+               finished="2026-01-01T10:00:00")
+    method_run(tmp_path / "pld" / "qa", "pld", {321: 3.0}, [1, 3, 3, 3, 2], task="qa", finished="2026-01-02T10:00:00")
+    method_run(tmp_path / "pld" / "rag-old", "pld", {481: 9.0}, [1, 11], task="rag", finished="2025-12-31T10:00:00")
+    method_run(tmp_path / "sps" / "qa", "sps", {321: 1.5}, [1, 11], task="qa")
+    method_run(tmp_path / "sps" / "rag", "sps", {481: 0.5}, [1, 11], task="rag")
+    board = leaderboard(load_runs(tmp_path))
+    pld = board[board.method == "pld"].set_index("task")
+    assert pld.speedup.to_dict() == pytest.approx({"mt_bench": 2.0, "translation": 2.0, "summarization": 2.0,
+                                                   "qa": 3.0, "math_reasoning": 2.0, "rag": 2.0,
+                                                   "overall": (48 + 4 * 24 + 36) / (24 + 5 * 12)})
+    assert pld.loc["qa", "runs"].endswith("pld/qa") and pld.loc["rag", "runs"].endswith("pld/all")
+    sps = board[board.method == "sps"].set_index("task")
+    assert sorted(sps.index) == ["overall", "qa", "rag"]  # two task runs of one method: one row
+    assert sps.loc["overall", "speedup"] == pytest.approx((18 + 6) / 2 / 12)
+    assert sps.loc["overall", "n_tasks"] == 2
+
+
+def test_a_run_without_interleaved_baseline_pairs_with_the_vanilla_run(tmp_path):
+    write_run(tmp_path / "vanilla", "vanilla", vanilla_records({qid: 2.0 for qid, _ in QUESTIONS}))
+    answers = [record(321, "qa", "pld", [[1, 5, 6]], [0.25])]
+    write_run(tmp_path / "pld", "pld", answers, baselines=None, task="qa")  # baseline=false: no baseline.jsonl
+    board = leaderboard(load_runs(tmp_path)).set_index(["method", "task"])
+    assert board.loc[("pld", "qa"), "baseline_tokens_per_s"] == pytest.approx(6.0)
+    assert board.loc[("pld", "qa"), "speedup"] == pytest.approx(48 / 6)
+    assert board.loc[("vanilla", "overall"), "speedup"] == pytest.approx(1.0)
+
+
+def test_baseline_records_of_other_settings_are_ignored(tmp_path):
+    path = method_run(tmp_path / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
+    stale = record(321, "qa", "vanilla", [[1] * 12], [100.0], run_key="older-settings")
+    stale["tstamp"] = 0.5  # written before this run's records
+    lines = (path / "baseline.jsonl").read_text()
+    (path / "baseline.jsonl").write_text(lines + json.dumps(stale) + "\n" + '{"question_id": 5, "cut off')
+    assert leaderboard(load_runs(tmp_path)).set_index("task").loc["qa", "speedup"] == pytest.approx(2.0)
+    # meta.json's baseline_run_key, where the run records it, decides
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "baseline_run_key": "older-settings"}))
+    assert leaderboard(load_runs(tmp_path)).set_index("task").loc["qa", "speedup"] == pytest.approx(200.0)
+
+
+def test_variants_of_one_method_get_rows_labelled_by_their_differing_knobs(tmp_path):
+    for n in (5, 10):
+        method_run(tmp_path / f"pld{n}", "pld", {321: n / 5}, [1, 11], task="qa",
+                   drafter={"_target_": "methods.pld.PromptLookupDrafter", "num_pred_tokens": n, "match": "latest"})
+    runs = load_runs(tmp_path)
+    assert sorted(method_labels(runs).values()) == ["pld (num_pred_tokens=10)", "pld (num_pred_tokens=5)"]
+    board = leaderboard(runs).set_index(["method", "task"])
+    assert board.loc[("pld (num_pred_tokens=10)", "qa"), "speedup"] == pytest.approx(2.0)
+
+
+def test_exact_match_counts_numeric_ties_apart(tmp_path):
+    tie = {"turn": 0, "position": 3, "logit_gap": 0.01, "numeric_tie": True}
+    wrong = {"turn": 0, "position": 1, "logit_gap": 3.0, "numeric_tie": False}
+    answers = [record(321, "qa", "pld", [[1, 11]], [0.5], exact_match=False, divergence=tie),
+               record(481, "rag", "pld", [[1, 11]], [0.5], exact_match=False, divergence=wrong),
+               record(401, "math_reasoning", "pld", [[1, 11]], [0.5])]
+    write_run(tmp_path / "pld", "pld", answers, vanilla_records(BASE_TIME))
+    board = leaderboard(load_runs(tmp_path)).set_index("task")
+    assert board.loc["overall", ["exact_match", "numeric_ties", "exact_match_or_tie"]].tolist() == \
+        pytest.approx([1 / 3, 1, 2 / 3])
+    assert board.loc["rag", "diverged_questions"] == "481" and board.loc["qa", "diverged_questions"] == ""
+
+
+def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):
+    answers = [record(81, "writing", "pld", [[1, 3, 1], [1, 4]], [0.5, 0.5])]
+    write_run(tmp_path / "pld", "pld", answers, [record(81, "writing", "vanilla", [[1] * 5, [1] * 5], [1, 1])])
+    runs = select_latest(load_runs(tmp_path))
+    assert accept_lengths_by_method(runs, method_labels(runs)) == {"pld": [3, 1, 4]}
+
+
+# --- the files -------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def report(tmp_path):
+    results = tmp_path / "results"
+    write_run(results / "vanilla", "vanilla", vanilla_records(BASE_TIME), finished="2026-03-01T09:00:00")
+    method_run(results / "pld", "pld", {q: 1.5 for q, _ in QUESTIONS}, [1, 3, 3, 3, 2], finished="2026-03-02T09:00:00")
+    method_run(results / "sps", "sps", {q: 2.25 for q, _ in QUESTIONS}, [1, 4, 4, 3], finished="2026-03-02T10:00:00")
+    method_run(results / "rest", "rest", {321: 1.2}, [1, 2, 2, 2, 2, 2, 1], task="qa", finished="2026-03-03T09:00:00")
+    method_run(results / "pld-fp32", "pld", {321: 0.5}, [1, 11], dtype="float32", task="qa", device="cuda:0",
+               device_name="Test GPU", torch_version="2.9.0")
+    out = tmp_path / "report"
+    board = write_report(results, out)
+    return out, board
+
+
+def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
+    out, _ = report
+    text = (out / "leaderboard.md").read_text()
+    sections = text.split("\n## ")[1:]
+    assert len(sections) == 2  # bfloat16 on the CPU and float32 on the GPU are never mixed
+    cpu = next(s for s in sections if "bfloat16" in s.splitlines()[0])
+    for fact in ["device: cpu (Test CPU)", "model: m", "dtype: bfloat16", "torch: 2.13.0 (transformers 5.24.0)",
+                 "max_new_tokens: 32", "questions per task: 1", "date: 2026-03-01 to 2026-03-03"]:
+        assert fact in cpu
+    rows = table_rows(cpu)
+    assert rows[0] == SPEC_BENCH_HEADINGS
+    assert [r[0] for r in rows[2:]] == ["sps", "pld", "rest", "vanilla"]  # by overall speedup
+    assert rows[2][1:] == ["2.25x"] * 6 + ["3.00", "2.25x"]
+    assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.71", "1.20x †"]
+    gpu = next(s for s in sections if "float32" in s.splitlines()[0])
+    assert "device: cuda:0 (Test GPU)" in gpu and "torch: 2.9.0" in gpu
+    assert [r[0] for r in table_rows(gpu)[2:]] == ["pld"] and table_rows(gpu)[2][-1] == "0.50x"
+
+
+def test_csv_and_parquet_hold_the_same_numbers_per_method_and_task(report):
+    out, board = report
+    csv, parquet = pd.read_csv(out / "leaderboard.csv"), pd.read_parquet(out / "leaderboard.parquet")
+    assert len(csv) == len(parquet) == len(board) == 7 + 7 + 7 + 2 + 2
+    for frame in (csv, parquet):
+        row = frame[(frame.method == "pld") & (frame.task == "qa") & (frame.dtype == "bfloat16")].iloc[0]
+        assert row.tokens_per_s == pytest.approx(18.0) and row.baseline_tokens_per_s == pytest.approx(12.0)
+        assert row.speedup == pytest.approx(1.5) and row.exact_match == 1.0 and row.n_questions == 1
+        assert row.mean_accepted_tokens == pytest.approx(12 / 5)
+
+
+def test_acceptance_table_and_plots_and_html(report):
+    out, _ = report
+    acceptance = pd.read_csv(out / "acceptance.csv")
+    sps = acceptance[(acceptance.method == "sps")].iloc[0]
+    # sps accepts 3, 3, 2 draft tokens in its decode steps
+    assert [sps[f"accept_rate_pos{k}"] for k in range(1, 6)] == pytest.approx([1, 1, 2 / 3, 0, 0])
+    assert "vanilla" not in set(acceptance.method)
+    assert "| sps | 1.000 | 1.000 | 0.667 | 0.000 | 0.000 | 3.000 |" in (out / "acceptance.md").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) == 8 and all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    page = (out / "index.html").read_text()
+    images = re.findall(r"<img src='([^']+)'", page)
+    assert sorted(images) == pngs  # relative paths to files next to the page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert page.count("<table>") == 4 and "2.25x" in page and "Retrieval-aug. Generation" in page
+
+
+def test_cli_writes_the_report(tmp_path, capsys):
+    from bench.report import main
+
+    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert "| pld | — | — | — | 2.00x | — | — | 6.00 | 2.00x |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no runs"):
+        main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2")])
+
+
+# --- Spec-Bench's evaluation/speed.py, re-derived ---------------------------------------------------------------
+
+MT_BENCH_CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+
+def spec_bench_speed(answers_file: Path, baseline_file: Path, task: str) -> tuple[float, float, float, float]:
+    """(tokens/s, baseline tokens/s, speedup, #MAT) as Spec-Bench's speed script computes them for one task:
+    a question's tokens/s = sum(new_tokens) / sum(wall_time); the task's = mean over its questions;
+    #MAT = mean of all accept_lengths entries. Its one difference on purpose: for the baseline file the script
+    counts tokens by re-tokenising the answer text (len(ids) - 1 per turn); this uses new_tokens, as we do."""
+    def select(path: Path) -> list[dict]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        if task == "overall":
+            return rows
+        if task == "mt_bench":
+            return [r for r in rows if r["category"] in MT_BENCH_CATEGORIES]
+        return [r for r in rows if r["category"] == task]
+
+    def speeds(rows: list[dict]) -> np.ndarray:
+        return np.array([sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in rows])
+
+    method, base = select(answers_file), select(baseline_file)
+    accept_lengths = [a for r in method for a in r["choices"][0]["accept_lengths"]]
+    return speeds(method).mean(), speeds(base).mean(), speeds(method).mean() / speeds(base).mean(), \
+        float(np.mean(accept_lengths))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_checkpoint, tmp_path_factory):
+    """One real run on the tiny checkpoint: a drafter that is sometimes right, every task, interleaved vanilla."""
+    from hydra import compose, initialize_config_dir
+
+    from bench.run import PROJECT_ROOT, run
+
+    out = tmp_path_factory.mktemp("runs") / "repeat"
+    overrides = [f"model.path={tiny_checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
+                 "model.dtype=float64", "device=cpu", f"out_dir={out}", "gen.max_new_tokens=12", "warmup_tokens=2",
+                 "task=all", "task.limit=1", "method.name=repeat",
+                 "+method.drafter={_target_:tests.drafters.RepeatLastDrafter,width:3}"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model gains nothing from threads, and loses much on a busy 2-core machine
+    try:
+        with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            run(compose("config", overrides=overrides))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_spec_bench_speed_script_arithmetic_equals_ours_on_our_files(tiny_run, tmp_path):
+    summary = pd.read_csv(tiny_run / "summary.csv").set_index("task")
+    write_report(tiny_run.parent, tmp_path / "report")
+    board = pd.read_csv(tmp_path / "report" / "leaderboard.csv").set_index("task")
+    for task in [*TASK_COLUMNS, "overall"]:
+        ours = spec_bench_speed(tiny_run / "answers.jsonl", tiny_run / "baseline.jsonl", task)
+        for frame in (summary, board):
+            assert frame.loc[task, ["tokens_per_s", "baseline_tokens_per_s", "speedup",
+                                    "mean_accepted_tokens"]].tolist() == pytest.approx(ours, rel=1e-9), task
+    # the fields the script reads are all there
+    for line in (tiny_run / "answers.jsonl").read_text().splitlines():
+        choice = json.loads(line)["choices"][0]
+        assert len(choice["accept_lengths"]) == sum(choice["decoding_steps"])
+        assert len(choice["turns"]) == len(choice["new_tokens"]) == len(choice["wall_time"])
+
+
+def test_spec_bench_arithmetic_on_hand_built_files_with_uneven_questions(tmp_path):
+    method_run(tmp_path / "pld", "pld", {81: 3.0, 161: 1.25, 321: 0.8}, [1, 4, 1, 6])
+    ours = leaderboard(load_runs(tmp_path)).set_index("task")
+    for task in ["mt_bench", "translation", "qa", "overall"]:
+        theirs = spec_bench_speed(tmp_path / "pld" / "answers.jsonl", tmp_path / "pld" / "baseline.jsonl", task)
+        assert ours.loc[task, ["tokens_per_s", "baseline_tokens_per_s", "speedup",
+                               "mean_accepted_tokens"]].tolist() == pytest.approx(theirs, rel=1e-12)
+    assert ours.loc["overall", "mean_accepted_tokens"] == pytest.approx(3.0)

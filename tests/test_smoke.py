@@ -1,0 +1,62 @@
+"""bench.smoke's orchestration: method discovery, skipping methods that lack artifacts, failing on errors,
+report + regress at the end (runs are hand-built here; the real smoke runs SmolLM2 in CI)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import smoke as smoke_module
+from bench.models import MissingArtifactError
+from bench.run import PROJECT_ROOT
+from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
+
+
+def test_methods_are_every_method_config_vanilla_first():
+    methods = smoke_module.available_methods()
+    assert methods[0] == "vanilla"
+    assert sorted(methods) == sorted(p.stem for p in (PROJECT_ROOT / "conf" / "method").glob("*.yaml"))
+
+
+def fake_run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
+    """Stands in for a real run: writes a hand-built run, or fails as a method without artifacts / a broken one."""
+    assert "task=all" in overrides and "task.limit=1" in overrides
+    base = vanilla_records({qid: 1.0 for qid, _ in QUESTIONS})
+    if method == "vanilla":
+        write_run(out_dir, "vanilla", base)
+    elif method == "pld":
+        answers = [record(qid, cat, "pld", [[1, 3, 3, 3, 2]] * (2 if cat == "writing" else 1),
+                          [0.5 / (2 if cat == "writing" else 1)] * (2 if cat == "writing" else 1))
+                   for qid, cat in QUESTIONS]
+        write_run(out_dir, "pld", answers, base)
+    elif method == "rest":
+        raise MissingArtifactError("REST datastore x not found; build it with: python -m bench.datastore")
+    else:
+        raise RuntimeError(f"{method} is broken")
+
+
+def test_smoke_skips_missing_artifacts_fails_on_errors_and_checks_the_baseline(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(smoke_module, "run_method", fake_run_method)
+    out, baseline = tmp_path / "smoke", tmp_path / "baseline.json"
+    overrides = list(smoke_module.DEFAULT_OVERRIDES)
+
+    assert smoke_module.smoke(out, ["vanilla", "pld", "rest"], overrides, baseline) == 2  # no baseline yet
+    assert "python -m bench.smoke --update" in capsys.readouterr().out
+    assert smoke_module.smoke(out, ["vanilla", "pld", "rest"], overrides, baseline, update=True) == 0
+    assert (out / "report" / "leaderboard.md").exists() and baseline.exists()
+    assert smoke_module.smoke(out, ["vanilla", "pld", "rest"], overrides, baseline) == 0
+    text = capsys.readouterr().out
+    assert "skipped rest: REST datastore x not found" in text and "regress: passed" in text
+
+    assert smoke_module.smoke(out, ["vanilla", "pld", "sps"], overrides, baseline) == 1
+    text = capsys.readouterr().out
+    assert "FAILED sps:" in text and "RuntimeError: sps is broken" in text
+    assert smoke_module.smoke(out, ["vanilla"], overrides, baseline) == 1  # pld is in the baseline, not skipped
+    assert "FAIL  pld / overall: in the baseline but not in these runs" in capsys.readouterr().out
+
+
+def test_smoke_never_wipes_a_folder_it_did_not_make(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep")
+    with pytest.raises(SystemExit, match="not made by bench.smoke"):
+        smoke_module.fresh_folder(tmp_path)
+    assert (tmp_path / "mine.txt").read_text() == "keep"

@@ -1,0 +1,128 @@
+"""SpS (methods/sps.py): lossless greedy decoding, a draft KV cache kept in sync, adaptive γ, draft artifacts."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import DynamicCache
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.models import MissingArtifactError
+from bench.run import PROJECT_ROOT
+from methods.sps import DraftModelDrafter, load_draft, resolve_draft_path, save_draft, slice_target
+from tests.conftest import make_tiny_model, vanilla_tokens
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, one_thread  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_model):
+    """A perfect draft (the target itself), a one-layer slice of it, and an unrelated random model."""
+    return {"self": tiny_model, "slice": slice_target(tiny_model, [0]), "other": make_tiny_model(seed=1)}
+
+
+class Recorder(DraftModelDrafter):
+    """Records (γ when proposing, chain length, drafts accepted) for every step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[int, int, int]] = []
+
+    def propose(self, context, budget):
+        self._gamma = self.num_draft_tokens
+        return super().propose(context, budget)
+
+    def update(self, step):
+        super().update(step)
+        self.log.append((self._gamma, len(step.tree) if step.tree else 0, step.acceptance.num_accepted_drafts))
+
+
+@pytest.mark.parametrize("draft", ["self", "slice", "other"])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_sps_equals_vanilla(tiny_model, prompts, drafts, draft, adaptive, one_thread):
+    for prompt in prompts:
+        drafter = Recorder(tiny_model, draft_model=drafts[draft], num_draft_tokens=3, adaptive=adaptive)
+        out = assert_lossless(tiny_model, drafter, prompt, 30)
+        if draft == "self":  # every draft is right: only the budget bounds the chain
+            assert all(accepted == length for _, length, accepted in drafter.log)
+            assert out.steps < 30 / 3
+
+
+def test_draft_cache_holds_exactly_the_accepted_context(tiny_model, prompts, drafts, one_thread):
+    """After a turn the draft's KV cache equals a fresh prefill of the context it claims to hold."""
+    prompt = prompts[2]
+    for draft in drafts.values():
+        drafter = DraftModelDrafter(tiny_model, draft_model=draft, num_draft_tokens=4, adaptive=True)
+        tokens = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(25)).tokens
+        held = drafter.cache.get_seq_length()
+        assert len(prompt) + len(tokens) - 6 <= held <= len(prompt) + len(tokens) - 1
+        fresh = DynamicCache(config=draft.config)
+        with torch.no_grad():
+            draft(input_ids=torch.tensor([(prompt + tokens)[:held]]), cache=fresh)
+        for got, want in zip(drafter.cache.layers, fresh.layers):
+            torch.testing.assert_close(got.keys, want.keys)
+            torch.testing.assert_close(got.values, want.values)
+
+
+def test_adaptive_gamma_follows_the_transformers_heuristic(tiny_model, prompts, drafts, one_thread):
+    """γ + 2 after a fully accepted chain, else max(1, γ - 1); back to the initial γ on every new turn."""
+    for draft, trend in (("self", "up"), ("other", "down")):
+        drafter = Recorder(tiny_model, draft_model=drafts[draft], num_draft_tokens=3, adaptive=True)
+        engine = SpeculativeEngine(tiny_model, drafter)
+        for prompt in prompts[:2]:
+            drafter.log.clear()
+            engine.generate(prompt, StopCondition(40))
+            gammas = [gamma for gamma, _, _ in drafter.log]
+            assert gammas[0] == 3
+            for (gamma, length, accepted), following in zip(drafter.log, gammas[1:]):
+                assert following == (gamma + 2 if accepted == length else max(1, gamma - 1))
+            assert max(gammas) >= 7 if trend == "up" else min(gammas) == 1
+    fixed = Recorder(tiny_model, draft_model=drafts["other"], num_draft_tokens=3, adaptive=False)
+    SpeculativeEngine(tiny_model, fixed).generate(prompts[0], StopCondition(20))
+    assert {gamma for gamma, _, _ in fixed.log} == {3}
+
+
+def test_saved_draft_stores_only_its_own_layers_and_reloads(tiny_model, tmp_path):
+    draft = slice_target(tiny_model, [1])
+    save_draft(draft, tmp_path / "draft", {"note": "test"})
+    from safetensors.torch import load_file
+
+    stored = load_file(tmp_path / "draft" / "model.safetensors")
+    assert not any("embed" in name or "lm_head" in name for name in stored)
+    assert {t.dtype for t in stored.values()} == {torch.float16}
+    loaded = load_draft(tmp_path / "draft", tiny_model)
+    assert loaded.get_input_embeddings() is tiny_model.get_input_embeddings()
+    assert loaded.get_output_embeddings() is tiny_model.get_output_embeddings()
+    assert loaded.dtype == tiny_model.dtype and loaded.config.num_hidden_layers == 1
+    for name, value in stored.items():
+        torch.testing.assert_close(loaded.state_dict()[name], value.to(tiny_model.dtype))
+    torch.testing.assert_close(stored["model.layers.0.mlp.up_proj.weight"],
+                               tiny_model.model.layers[1].mlp.up_proj.weight.half())
+
+
+def test_missing_draft_names_its_path_and_how_to_make_it(tiny_model):
+    with pytest.raises(MissingArtifactError) as error:
+        DraftModelDrafter(tiny_model, draft_path="artifacts/sps/nowhere", train_command="python -m bench.train method=sps")
+    message = str(error.value)
+    assert "\n" not in message and str(PROJECT_ROOT / "artifacts/sps/nowhere") in message
+    assert "python -m bench.train method=sps" in message
+    assert resolve_draft_path("artifacts/sps/smollm2_135m") == PROJECT_ROOT / "artifacts/sps/smollm2_135m"
+    assert resolve_draft_path("double7/vicuna-68m") is None  # a hub id
+
+
+@pytest.mark.parametrize("model", ["smollm2_135m", "vicuna_7b"])
+def test_config_points_the_drafter_at_the_model_draft(model):
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["method=sps", f"model={model}"])
+    assert cfg.method.drafter._target_ == "methods.sps.DraftModelDrafter"
+    assert cfg.method.drafter.draft_path == cfg.model.sps_draft
+    if model == "smollm2_135m":
+        assert (resolve_draft_path(cfg.model.sps_draft) / "model.safetensors").exists()
+
+
+@pytest.mark.real_model
+def test_committed_draft_is_lossless_on_smollm2():
+    """SpS with the committed trained draft equals vanilla on 2 MT-bench questions, 64 tokens each."""
+    mat = assert_lossless_on_smollm2(
+        lambda model, tokenizer: DraftModelDrafter(model, tokenizer, draft_path="artifacts/sps/smollm2_135m"),
+        category="writing", count=2, max_new_tokens=64)
+    assert mat > 1.3  # the draft is actually accepted, not just harmless
