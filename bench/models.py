@@ -1,6 +1,7 @@
 """Load the target model and tokenizer named by a `conf/model/*.yaml` config."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -31,6 +32,21 @@ def package_dir(package: str, install_hint: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise MissingArtifactError(f"package '{package}' is not installed; fix: {install_hint}")
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def artifact_fingerprint(path: str | Path) -> str:
+    """A short hash identifying a local artifact folder (draft weights, datastore): its file names and sizes and the
+    contents of its JSON files (card, config, meta). A path that is not a local folder (a hub id) is returned as is.
+    Run keys include it, so a run resumed after its artifact was rebuilt refuses to mix old and new answers."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return str(path)
+    digest = hashlib.sha256()
+    for file in sorted(f for f in folder.iterdir() if f.is_file()):
+        digest.update(f"{file.name}:{file.stat().st_size}\n".encode())
+        if file.suffix == ".json":
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_dir() -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Collection
@@ -162,6 +163,14 @@ def baseline_entries(rows: pd.DataFrame) -> dict:
     return entries
 
 
+def _relative(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it (baselines are committed; no home paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def update_baseline(path: Path, rows: pd.DataFrame, existing: dict | None, tolerances: dict, source: Path) -> dict:
     first = rows.iloc[0]
     baseline = {
@@ -169,7 +178,7 @@ def update_baseline(path: Path, rows: pd.DataFrame, existing: dict | None, toler
         "tolerances": tolerances,
         "provenance": {"device_name": str(first["device_name"]), "torch": str(first["torch"]),
                        "transformers": str(first["transformers"]), "updated": time.strftime("%Y-%m-%d"),
-                       "source": str(source)},
+                       "source": _relative(source), "command": shlex.join(["python", *sys.orig_argv[1:]])},
         "methods": {**(existing or {}).get("methods", {}), **baseline_entries(rows)},
     }
     path.parent.mkdir(parents=True, exist_ok=True)

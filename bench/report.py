@@ -281,6 +281,13 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    """Lay out, write and close a figure (closing matters: reports draw many figures in one process)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
 def plot_speedup_by_task(board: pd.DataFrame, path: Path, title: str) -> None:
     """Grouped bars, a group per task (and overall), a bar per method, with the vanilla = 1.0 line."""
     plt = _pyplot()
@@ -299,9 +306,7 @@ def plot_speedup_by_task(board: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("speedup over vanilla (tokens/s ratio)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_speedup_vs_mat(table: pd.DataFrame, path: Path, title: str) -> None:
@@ -316,9 +321,7 @@ def plot_speedup_vs_mat(table: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("overall speedup over vanilla")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def accept_lengths_by_method(runs: pd.DataFrame, labels: dict) -> dict[str, list[int]]:
@@ -353,9 +356,7 @@ def plot_accept_histogram(lengths: dict[str, list[int]], path: Path, title: str)
     if not methods:
         axes.flat[0].text(0.5, 0.5, "no drafting method in these runs", ha="center", va="center")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) -> None:
@@ -373,9 +374,7 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
     ax.grid(alpha=0.3)
     if len(acceptance):
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 # --- writing -------------------------------------------------------------------------------------------------------

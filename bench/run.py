@@ -141,8 +141,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
                "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
     baseline_key = config_key(**setting)
-    answers = AnswerFile(out_dir / "answers.jsonl", config_key(**setting, method=OmegaConf.to_container(cfg.method)),
-                         strict=True)
+    method_key = config_key(**setting, method=OmegaConf.to_container(cfg.method),
+                            artifact=getattr(decode.engine.drafter, "artifact", None))  # drafts' weights or datastore
+    answers = AnswerFile(out_dir / "answers.jsonl", method_key, strict=True)
     baselines = answers if is_vanilla else AnswerFile(out_dir / "baseline.jsonl", baseline_key, strict=False)
     with_baseline = cfg.baseline and not is_vanilla
     todo = [q for q in questions if q["question_id"] not in answers]

@@ -14,8 +14,9 @@ from bench.timing import timed
 from tasks import QUESTIONS_FILE, build_prompt
 
 
-def parse_args(description: str, **defaults) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
+def make_parser(description: str, **defaults) -> argparse.ArgumentParser:
+    """The options every side-by-side script takes; a script adds its own before parsing."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m", help="a conf/model/<name>.yaml")
     parser.add_argument("--dtype", default=None, help="override the model config's dtype")
     parser.add_argument("--device", default="cpu")
@@ -23,7 +24,7 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=defaults.get("max_new_tokens", 128))
     parser.add_argument("--categories", default=defaults.get("categories", ""),
                         help="comma-separated question categories (default: spread over all)")
-    return parser.parse_args()
+    return parser
 
 
 def setup(args: argparse.Namespace):
@@ -54,6 +55,39 @@ class ForwardCounter:
             return original(*args, **kwargs)
 
         model.forward = counted
+
+
+def count_forwards(contenders: dict[str, Callable], counters: dict[str, ForwardCounter]):
+    """Wrap each contender to record, per call, the forwards of every counted model (e.g. target, draft).
+
+    Returns (wrapped contenders, {name: [{counter: forwards} per call]}).
+    """
+    forwards: dict[str, list[dict[str, int]]] = {name: [] for name in contenders}
+
+    def wrap(name, decode):
+        def run(prompt):
+            before = {key: counter.calls for key, counter in counters.items()}
+            tokens = decode(prompt)
+            forwards[name].append({key: counter.calls - before[key] for key, counter in counters.items()})
+            return tokens
+        return run
+
+    return {name: wrap(name, decode) for name, decode in contenders.items()}, forwards
+
+
+def print_comparison(totals: dict, forwards: dict, pairs: list[tuple[str, str]]) -> None:
+    """Per contender: tokens, time, tok/s, forwards per counted model, mean accepted tokens (tokens per target
+    forward); then each (method, its baseline) pair's speedup and how many outputs are identical."""
+    for name, t in totals.items():
+        calls = forwards[name][1:]  # the first call was interleave's warm-up
+        counts = {key: sum(call[key] for call in calls) for key in calls[0]}
+        columns = "".join(f"{count:5d} {key} forwards  " for key, count in counts.items())
+        print(f"{name:11s} {t['tokens']:6d} tokens {t['seconds']:7.2f} s {t['tokens'] / t['seconds']:7.2f} tok/s   "
+              f"{columns} mean accepted tokens {t['tokens'] / counts['target']:.2f}")
+    for ours, base in pairs:
+        speedup = (totals[ours]["tokens"] / totals[ours]["seconds"]) / (totals[base]["tokens"] / totals[base]["seconds"])
+        same = sum(a == b for a, b in zip(totals[ours]["outputs"], totals[base]["outputs"]))
+        print(f"{ours:11s} speedup over {base}: {speedup:.2f}x   identical outputs: {same}/{len(totals[base]['outputs'])}")
 
 
 def interleave(prompts: list[list[int]], contenders: dict[str, Callable[[list[int]], list[int]]], device) -> dict:

@@ -18,18 +18,12 @@ from omegaconf import OmegaConf
 
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.run import PROJECT_ROOT
-from benchmarks.common import ForwardCounter, hf_generate, interleave, setup
+from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
 from methods.sps import DraftModelDrafter, load_draft
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2_135m", help="a conf/model/<name>.yaml")
-    parser.add_argument("--dtype", default=None, help="override the model config's dtype")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--questions", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--categories", default="", help="comma-separated question categories (default: all)")
+    parser = make_parser(__doc__, questions=4, max_new_tokens=128)
     parser.add_argument("--gamma", type=int, default=None, help="draft tokens per step (default: conf/method/sps.yaml)")
     parser.add_argument("--adaptive", action="store_true", help="adapt γ (+2 / -1) on both sides")
     parser.add_argument("--draft", default=None, help="draft folder or hub id (default: the model config's sps_draft)")
@@ -52,37 +46,18 @@ def main() -> None:
     vanilla = SpeculativeEngine(model)
     sps = SpeculativeEngine(model, DraftModelDrafter(model, tokenizer, draft_model=draft, num_draft_tokens=gamma,
                                                      adaptive=args.adaptive))
-    target_calls, draft_calls = ForwardCounter(model), ForwardCounter(draft)
-    forwards: dict[str, list[tuple[int, int]]] = {}
-
-    def counted(name, decode):
-        def run(prompt):
-            before = target_calls.calls, draft_calls.calls
-            tokens = decode(prompt)
-            forwards.setdefault(name, []).append((target_calls.calls - before[0], draft_calls.calls - before[1]))
-            return tokens
-        return run
-
     contenders = {
         "vanilla": lambda p: vanilla.generate(p, stop).tokens,
         "sps": lambda p: sps.generate(p, stop).tokens,
         "hf vanilla": lambda p: hf_generate(model, p, args.max_new_tokens),
         "hf assisted": lambda p: hf_generate(model, p, args.max_new_tokens, assistant_model=draft),
     }
-    totals = interleave(prompts, {name: counted(name, fn) for name, fn in contenders.items()}, model.device)
+    contenders, forwards = count_forwards(contenders, {"target": ForwardCounter(model), "draft": ForwardCounter(draft)})
+    totals = interleave(prompts, contenders, model.device)
     print(f"{len(prompts)} questions, up to {args.max_new_tokens} new tokens, {model.dtype}, γ={gamma}"
           f"{' adaptive' if args.adaptive else ''}, draft {args.draft or model_cfg.sps_draft} "
           f"({draft.config.num_hidden_layers} layers)")
-    for name, t in totals.items():
-        calls = sum(c for c, _ in forwards[name][1:])  # the first call was interleave's warm-up
-        drafts = sum(d for _, d in forwards[name][1:])
-        print(f"{name:11s} {t['tokens']:6d} tokens {t['seconds']:7.2f} s {t['tokens'] / t['seconds']:7.2f} tok/s   "
-              f"{calls:5d} target forwards {drafts:5d} draft forwards   mean accepted tokens {t['tokens'] / calls:.2f}")
-    for ours, base in (("sps", "vanilla"), ("hf assisted", "hf vanilla")):
-        speedup = (totals[ours]["tokens"] / totals[ours]["seconds"]) / (totals[base]["tokens"] / totals[base]["seconds"])
-        same = sum(a == b for a, b in zip(totals[ours]["outputs"], totals[base]["outputs"]))
-        print(f"{ours:11s} speedup over {base}: {speedup:.2f}x   identical outputs: {same}/{len(prompts)}")
-
+    print_comparison(totals, forwards, [("sps", "vanilla"), ("hf assisted", "hf vanilla")])
 
 if __name__ == "__main__":
     main()

@@ -6,12 +6,12 @@ Both decode the same prompts greedily, interleaved prompt by prompt; prints toke
 """
 from __future__ import annotations
 
-from benchmarks.common import hf_generate, interleave, parse_args, setup
+from benchmarks.common import hf_generate, interleave, make_parser, setup
 from bench.engine import SpeculativeEngine, StopCondition
 
 
 def main() -> None:
-    args = parse_args(__doc__)
+    args = make_parser(__doc__).parse_args()
     model, _, prompts, eos = setup(args)
     engine = SpeculativeEngine(model)
     stop = StopCondition(args.max_new_tokens, frozenset(eos))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.datastore import SEPARATOR, Datastore
+from bench.models import artifact_fingerprint
 from bench.tree import DraftTree
 
 
@@ -46,10 +47,13 @@ def frequent_prefix_trie(continuations: np.ndarray, num_draft: int) -> tuple[lis
 
 
 class RestDrafter:
+    """Drafts the trie of what followed the context's longest suffix found in the datastore (up to `num_draft` nodes)."""
+
     def __init__(self, target=None, tokenizer=None, *, datastore_path: str, num_draft: int = 64,
                  max_token_span: int = 16, max_matches: int = 5000, draft_length: int = 10,
                  build_command: str = "python -m bench.datastore model=<model>"):
         self.datastore = Datastore.load(datastore_path, build_command)
+        self.artifact = artifact_fingerprint(datastore_path)  # identifies the datastore in run keys
         self.num_draft, self.max_token_span = num_draft, max_token_span
         self.max_matches, self.draft_length = max_matches, draft_length
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from bench.engine import StepResult
-from bench.models import MissingArtifactError
+from bench.models import MissingArtifactError, artifact_fingerprint
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
 
@@ -115,6 +115,8 @@ class DraftModelDrafter:
                  adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,
                  draft_model=None, train_command: str = "python -m bench.train method=sps"):
         self.draft = draft_model if draft_model is not None else load_draft(draft_path, target, train_command)
+        # Identifies the weights in run keys (None for a model passed in).
+        self.artifact = artifact_fingerprint(resolve_draft_path(draft_path) or draft_path) if draft_model is None else None
         self.initial_draft_tokens = self.num_draft_tokens = num_draft_tokens
         self.adaptive = adaptive
         self.sampling = sampling or SamplingConfig()

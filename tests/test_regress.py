@@ -62,6 +62,7 @@ def test_update_writes_every_method_and_task_and_an_unchanged_baseline_passes(re
     assert sorted(data["methods"]) == ["pld", "vanilla"] and len(data["methods"]["pld"]) == 7
     assert data["methods"]["pld"]["qa"] == {"n_questions": 1, "mean_accepted_tokens": 2.4, "exact_match": 1.0,
                                             "speedup": 1.5}
+    assert data["provenance"]["source"] == str(results) and data["provenance"]["command"].startswith("python ")
     status, text = check(results, baseline)
     assert status == 0 and "passed: 0 problem(s)" in text and "FAIL" not in text
 

@@ -107,3 +107,15 @@ def test_smollm2_summarization_equals_vanilla(tmp_path):
     cfg = compose_method("rest", "datastore.max_conversations=300", f"datastore.path={tmp_path}/small.idx")
     build(cfg)
     assert assert_lossless_on_smollm2("rest", f"datastore.path={tmp_path}/small.idx") > 1.0
+
+
+def test_resuming_after_the_datastore_was_rebuilt_is_refused(compose, tmp_path):
+    from bench.run import run
+
+    store = write_datastore(tmp_path / "store.idx", TURNS, sort_depth=4)
+    args = ("method=rest", f"datastore.path={store}", "task=qa", "task.limit=1", "baseline=false")
+    run(compose(*args))
+    run(compose(*args, "task.limit=2"))  # same datastore: the run resumes
+    write_datastore(store, TURNS[:2], sort_depth=4)
+    with pytest.raises(ValueError, match="other settings"):
+        run(compose(*args, "task.limit=3"))

@@ -126,3 +126,17 @@ def test_committed_draft_is_lossless_on_smollm2():
         lambda model, tokenizer: DraftModelDrafter(model, tokenizer, draft_path="artifacts/sps/smollm2_135m"),
         category="writing", count=2, max_new_tokens=64)
     assert mat > 1.1  # the draft is actually accepted, not just harmless (measured 1.17 on these 2 questions)
+
+
+def test_artifact_fingerprint_changes_when_the_draft_is_retrained(tmp_path):
+    from bench.models import artifact_fingerprint
+
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    (folder / "card.json").write_text('{"steps": 1}')
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    first = artifact_fingerprint(folder)
+    assert artifact_fingerprint(folder) == first
+    (folder / "card.json").write_text('{"steps": 2}')  # retrained
+    assert artifact_fingerprint(folder) != first
+    assert artifact_fingerprint("double7/vicuna-68m") == "double7/vicuna-68m"  # a hub id stands for itself
