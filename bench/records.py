@@ -5,6 +5,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -38,6 +39,21 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
     }
 
 
+def parse_records(text: str) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of each JSONL line; blank lines and a line cut off by an interrupted run are skipped."""
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file in file order (none when it does not exist); cut-off lines are skipped."""
+    return [record for _, record in parse_records(path.read_text())] if path.exists() else []
+
+
 class AnswerFile:
     """A JSONL file of answer records; `strict` refuses records written under another run key."""
 
@@ -49,13 +65,7 @@ class AnswerFile:
             if text and not text.endswith("\n"):  # finish a line cut off by an interrupted run
                 with path.open("a") as f:
                     f.write("\n")
-            for line_no, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut off by an interrupted run: that question is redone
-                    continue
+            for line_no, record in parse_records(text):  # a line cut off by an interrupted run: that question is redone
                 if record.get("run_key") == run_key:
                     self.records[record["question_id"]] = record
                 elif strict:

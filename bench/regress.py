@@ -29,8 +29,6 @@ import pandas as pd
 from bench.report import leaderboard, load_runs
 
 DEFAULT_TOLERANCES = {"mean_accepted_tokens": 0.02, "speedup": 0.30}
-SETTING_KEYS = ["model", "device", "dtype", "max_new_tokens", "temperature"]  # device: its type, cpu | cuda
-METRICS = ["n_questions", "mean_accepted_tokens", "exact_match", "speedup"]
 
 
 class RegressError(Exception):
@@ -58,6 +56,8 @@ def current_board(path: Path) -> pd.DataFrame:
         if runs.empty:
             raise RegressError(f"no runs (answers.jsonl + meta.json) and no leaderboard.csv under {path}")
         board = leaderboard(runs)
+    if board.empty:
+        raise RegressError(f"the leaderboard under {path} has no rows")
     board = board.copy()
     board["device"] = board.device.astype(str).str.split(":").str[0]
     board["diverged_questions"] = board.diverged_questions.fillna("").astype(str)
@@ -71,18 +71,14 @@ def _setting_of(row) -> dict:
 
 def rows_for_setting(board: pd.DataFrame, setting: dict | None) -> pd.DataFrame:
     """The rows measured under `setting` (model, device type, dtype, max_new_tokens, temperature); one device only."""
-    settings = {json.dumps(_setting_of(r), sort_keys=True) for _, r in board.iterrows()}
+    keys = board.apply(lambda row: json.dumps(_setting_of(row), sort_keys=True), axis=1)
+    settings = set(keys)
     if setting is None:
         if len(settings) != 1:
             raise RegressError("the runs hold several settings, so which one the baseline is for is ambiguous: "
                                + "; ".join(sorted(settings)) + ". Point PATH at runs of one setting.")
-        setting = json.loads(settings.pop())
-    mask = pd.Series(True, index=board.index)
-    for key in SETTING_KEYS:
-        column = board[key].astype(type(setting[key])) if key in ("max_new_tokens", "temperature") else \
-            board[key].astype(str)
-        mask &= column == setting[key]
-    rows = board[mask]
+        setting = json.loads(next(iter(settings)))
+    rows = board[keys == json.dumps(_setting_of(setting), sort_keys=True)]
     if rows.empty:
         raise RegressError(f"no runs with the baseline's setting {json.dumps(setting, sort_keys=True)}; the runs have: "
                            + "; ".join(sorted(settings)))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.metrics import ACCEPT_POSITIONS, decode_step_accepts, summarize
+from bench.records import read_jsonl
 from tasks import task_of
 
 TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
@@ -36,17 +37,6 @@ PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_
 
 
 # --- loading -------------------------------------------------------------------------------------------------------
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file in file order; a line cut off by an interrupted run is skipped."""
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
 
 def by_question(records: list[dict], run_key: str | None = None) -> dict[int, dict]:
     """The last record per question_id, of `run_key` only when given."""
@@ -86,9 +76,9 @@ def load_runs(root: Path) -> pd.DataFrame:
         config = meta.get("config", {})
         method_cfg = config.get("method", {})
         method = method_cfg.get("name") or "unknown"
-        answers = list(by_question(read_jsonl(run_dir / "answers.jsonl")).values())
+        answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
         is_vanilla = method_cfg.get("drafter") is None
-        baselines = by_question(answers) if is_vanilla else \
+        baselines = answers if is_vanilla else \
             current_baselines(read_jsonl(run_dir / "baseline.jsonl"), meta.get("baseline_run_key"))
         setting = run_setting(meta)
         run_info = {
@@ -105,7 +95,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             "is_vanilla": is_vanilla,
             "method_config": json.dumps(method_cfg, sort_keys=True, default=str),
         }
-        for record in answers:
+        for record in answers.values():
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING, "torch", "transformers", "git_commit", "host", "limit",
@@ -166,14 +156,20 @@ def leaderboard(runs: pd.DataFrame) -> pd.DataFrame:
     A question's vanilla reference is the one decoded interleaved in the method's own run; a run made with
     baseline=false falls back to the latest vanilla run of the same setting, as Spec-Bench pairs two files.
     """
+    if runs.empty:
+        return board_of(runs, {})
+    latest = select_latest(runs)
+    return board_of(latest, method_labels(latest))
+
+
+def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
+    """leaderboard() of runs already reduced by select_latest, with their method_labels."""
     columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "mean_accepted_tokens", "exact_match", "numeric_ties",
                "exact_match_or_tie", "diverged_questions", *POSITION_COLUMNS, "n_tasks", "torch", "transformers",
                "finished", "runs"]
-    if runs.empty:
+    if latest.empty:
         return pd.DataFrame(columns=columns)
-    latest = select_latest(runs)
-    labels = method_labels(latest)
     out = []
     for setting, group in latest.groupby("setting", sort=False):
         values = group.iloc[0][SETTING].to_dict()
@@ -408,11 +404,12 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     for stale in [p for prefix in PLOT_PREFIXES for p in out.glob(f"{prefix}-*.png")]:  # of an earlier report
         stale.unlink()
-    board = leaderboard(runs)
     latest = select_latest(runs)
     labels = method_labels(latest)
-    board.drop(columns="setting").to_csv(out / "leaderboard.csv", index=False)
-    board.drop(columns="setting").to_parquet(out / "leaderboard.parquet", index=False)
+    board = board_of(latest, labels)
+    flat = board.drop(columns="setting")
+    flat.to_csv(out / "leaderboard.csv", index=False)
+    flat.to_parquet(out / "leaderboard.parquet", index=False)
 
     md = ["# Speculative decoding leaderboard", "", NOTES, ""]
     acc_md = ["# Acceptance rate by draft position", "",

@@ -32,6 +32,14 @@ SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s
                    "exact_match"]
 
 
+def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
+    """conf/config.yaml with Hydra `overrides`, as `python -m bench ...` composes it, without running anything."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
 def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingConfig):
     """The method's drafter from `method.drafter` (`_target_` plus knobs); None for vanilla."""
     if method_cfg.get("drafter") is None:

@@ -45,13 +45,9 @@ def fresh_folder(out: Path) -> None:
 
 def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """One `python -m bench method=<method> ...` run, in this process."""
-    from hydra import compose, initialize_config_dir
+    from bench.run import compose_config, run
 
-    from bench.run import run
-
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"method={method}", *overrides, f"out_dir={out_dir}"])
-    run(cfg)
+    run(compose_config(f"method={method}", *overrides, f"out_dir={out_dir}"))
 
 
 def smoke(out: Path, methods: list[str], overrides: list[str], baseline: Path, update: bool = False) -> int:

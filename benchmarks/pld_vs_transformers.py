@@ -12,19 +12,20 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from bench.engine import SpeculativeEngine, StopCondition
-from bench.run import PROJECT_ROOT
+from bench.run import PROJECT_ROOT, build_drafter
+from bench.sampling import SamplingConfig
 from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
-from methods.pld import PromptLookupDrafter
 
 
 def main() -> None:
     args = make_parser(__doc__, questions=4, max_new_tokens=128).parse_args()
     model, tokenizer, prompts, eos = setup(args)
-    knobs = OmegaConf.to_container(OmegaConf.load(PROJECT_ROOT / "conf" / "method" / "pld.yaml").drafter)
-    knobs.pop("_target_")
+    drafter = build_drafter(OmegaConf.load(PROJECT_ROOT / "conf" / "method" / "pld.yaml"), model, tokenizer,
+                            SamplingConfig())
+    knobs = {"max_ngram_size": drafter.max_ngram_size, "num_pred_tokens": drafter.num_pred_tokens}
     stop = StopCondition(args.max_new_tokens, frozenset(eos))
     vanilla = SpeculativeEngine(model)
-    pld = SpeculativeEngine(model, PromptLookupDrafter(model, tokenizer, **knobs))
+    pld = SpeculativeEngine(model, drafter)
     contenders = {
         "vanilla": lambda p: vanilla.generate(p, stop).tokens,
         "pld": lambda p: pld.generate(p, stop).tokens,
@@ -36,6 +37,7 @@ def main() -> None:
     totals = interleave(prompts, contenders, model.device)
     print(f"{len(prompts)} questions, up to {args.max_new_tokens} new tokens, {model.dtype}, PLD knobs {knobs}")
     print_comparison(totals, forwards, [("pld", "vanilla"), ("hf pld", "hf vanilla")])
+
 
 if __name__ == "__main__":
     main()

@@ -59,5 +59,6 @@ def main() -> None:
           f"({draft.config.num_hidden_layers} layers)")
     print_comparison(totals, forwards, [("sps", "vanilla"), ("hf assisted", "hf vanilla")])
 
+
 if __name__ == "__main__":
     main()

@@ -18,10 +18,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from bench.engine import StepResult
 from bench.models import MissingArtifactError, artifact_fingerprint
+from bench.run import PROJECT_ROOT
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_FLAG = "specbench_shares_target_embeddings"  # config.json key: embedding and LM head come from the target
 
 
@@ -136,20 +136,19 @@ class DraftModelDrafter:
         n = min(self.num_draft_tokens, budget - 1)  # a step adds accepted drafts + 1 bonus token
         if n <= 0:
             return None
-        pending = context[self.cache.get_seq_length():]  # the root, plus the last chain's final draft if all were kept
-        tokens, probs = [], []
+        # the root, plus the last chain's final draft if all were kept
+        ids = torch.tensor([context[self.cache.get_seq_length():]], device=self.draft.device)
+        drafted, probs = [], []
         for _ in range(n):
-            ids = torch.tensor([pending], device=self.draft.device)
             logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # [vocab]
-            if self.sampling.greedy:
-                token = int(logits.argmax())
-            else:
+            if self.sampling.greedy:  # stays on the device: one host sync per chain, not per token
+                ids = logits.argmax().view(1, 1)
+            else:  # the sampler's generator lives on the CPU
                 q = logits_to_probs(logits, self.sampling).cpu()  # [vocab]
-                token = sample(q, self.generator)
+                ids = torch.tensor([[sample(q, self.generator)]], device=self.draft.device)
                 probs.append(q)
-            tokens.append(token)
-            pending = [token]
-        return DraftTree.chain(tokens, torch.stack(probs) if probs else None)
+            drafted.append(ids)
+        return DraftTree.chain(torch.cat(drafted).flatten().tolist(), torch.stack(probs) if probs else None)
 
     def update(self, step: StepResult) -> None:
         accepted = step.acceptance.num_accepted_drafts

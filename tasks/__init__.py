@@ -1,6 +1,8 @@
 """Spec-Bench task suites: which question categories make each task, and how prompts are built."""
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -57,3 +59,14 @@ def build_prompt(tokenizer, conversation: list[dict]) -> list[int]:
     """Token ids of a chat so far, rendered with the model's chat template, ready for the assistant's reply."""
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def read_questions(categories: Collection[str] | None = None) -> list[dict]:
+    """The shipped Spec-Bench questions in file order; of `categories` only, when given."""
+    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
+    return [q for q in questions if categories is None or q["category"] in categories]
+
+
+def first_turn_prompts(tokenizer, questions: list[dict]) -> list[list[int]]:
+    """Prompts of the questions' first turns, through the chat template."""
+    return [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]

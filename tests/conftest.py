@@ -1,6 +1,8 @@
 """Shared fixtures: a tiny randomly initialised Llama (fast tier) and the real SmolLM2 (marked `real_model`)."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -44,27 +46,26 @@ def tiny_checkpoint(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
 
 
+def tiny_overrides(checkpoint, out_dir) -> list[str]:
+    """Overrides that point the CLI's config at the tiny checkpoint, on CPU, with short generations."""
+    return [f"model.path={checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
+            "model.dtype=float64", "device=cpu", f"out_dir={out_dir}", "gen.max_new_tokens=12", "warmup_tokens=2"]
+
+
 @pytest.fixture
 def compose(tiny_checkpoint, tmp_path):
     """compose(*overrides) -> the CLI's config for the tiny checkpoint, writing to a fresh out_dir."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from bench.run import PROJECT_ROOT
+    from bench.run import compose_config
 
     def _compose(*overrides: str):
-        base = [f"model.path={tiny_checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
-                "model.dtype=float64", "device=cpu", f"out_dir={tmp_path / 'run'}", "gen.max_new_tokens=12",
-                "warmup_tokens=2"]
-        with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            return hydra_compose("config", overrides=base + list(overrides))
+        return compose_config(*tiny_overrides(tiny_checkpoint, tmp_path / "run"), *overrides)
 
     return _compose
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    """(model, tokenizer) of the real SmolLM2-135M-Instruct on CPU, in its configured dtype."""
+@functools.cache
+def load_smollm2():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct on CPU, in its configured dtype; loaded once per session."""
     from omegaconf import OmegaConf
 
     from bench.models import load_model
@@ -73,12 +74,23 @@ def smollm2():
     return load_model(OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml"), torch.device("cpu"))
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2 (see load_smollm2)."""
+    return load_smollm2()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny-model forwards take milliseconds; extra intra-op threads only add contention on a shared 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def spec_bench_prompts(tokenizer, category: str, count: int) -> list[list[int]]:
     """First-turn prompts of the first `count` Spec-Bench questions of a category, through the chat template."""
-    import json
+    from tasks import first_turn_prompts, read_questions
 
-    from tasks import QUESTIONS_FILE, build_prompt
-
-    questions = [json.loads(line) for line in QUESTIONS_FILE.read_text().splitlines()]
-    picked = [q for q in questions if q["category"] == category][:count]
-    return [build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in picked]
+    return first_turn_prompts(tokenizer, read_questions([category])[:count])

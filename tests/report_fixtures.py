@@ -10,6 +10,7 @@ from bench.metrics import summarize
 # one question per task: (question_id, category)
 QUESTIONS = [(81, "writing"), (161, "translation"), (241, "summarization"), (321, "qa"), (401, "math_reasoning"),
              (481, "rag")]
+BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}  # vanilla: 12 tokens per turn in 1 s per question
 TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
                        ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]))
 
@@ -59,10 +60,31 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
     return path
 
 
+def turns_of(category: str) -> int:
+    """Turns of a question: two for MT-bench's (here the writing one), one for the others."""
+    return 2 if category == "writing" else 1
+
+
+def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], diverge: dict | None = None,
+               **kw) -> Path:
+    """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
+    `accepts` tokens per forward in each turn (prefill first); `diverge` gives qid -> divergence record."""
+    answers, baselines = [], []
+    for qid, category in QUESTIONS:
+        if qid not in factor:
+            continue
+        turns = turns_of(category)
+        divergence = (diverge or {}).get(qid)
+        answers.append(record(qid, category, method, [list(accepts)] * turns, [1.0 / turns / factor[qid]] * turns,
+                              exact_match=divergence is None, divergence=divergence))
+        baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns))
+    return write_run(path, method, answers, baselines, **kw)
+
+
 def vanilla_records(times: dict[int, float], tokens: int = 12) -> list[dict]:
     """Vanilla answers: one token per forward, `tokens` per turn (two turns for the MT-bench question)."""
     out = []
     for qid, category in QUESTIONS:
-        turns = 2 if category == "writing" else 1
+        turns = turns_of(category)
         out.append(record(qid, category, "vanilla", [[1] * tokens] * turns, [times[qid] / turns] * turns))
     return out

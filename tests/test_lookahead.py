@@ -8,9 +8,7 @@ from transformers import DynamicCache
 from bench.acceptance import Acceptance
 from bench.engine import SpeculativeEngine, StepResult
 from methods.lookahead import LookaheadDrafter, window_layout
-from tests.method_checks import (  # noqa: F401 (one_thread is a fixture)
-    assert_lossless, assert_lossless_on_smollm2, drafter_from_config, one_thread,
-)
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 
 
 def test_window_layout_is_the_upstream_mask():

@@ -9,9 +9,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB
-from tests.method_checks import (  # noqa: F401 (one_thread is a fixture)
-    assert_lossless, assert_lossless_on_smollm2, drafter_from_config, one_thread,
-)
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 
 
 def proposal(context: list[int], budget: int = 100, **knobs) -> list[int] | None:

@@ -6,10 +6,9 @@ import json
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from bench.engine import SpeculativeEngine, StopCondition
-from bench.run import PROJECT_ROOT, eos_token_ids, run
+from bench.run import compose_config, eos_token_ids, run
 from tests.conftest import spec_bench_prompts
 
 pytestmark = pytest.mark.real_model
@@ -28,10 +27,8 @@ def test_vanilla_equals_transformers_generate(smollm2):
 
 
 def test_cli_run_writes_the_three_files(tmp_path):
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["method=vanilla", "task=qa", "task.limit=2", "gen.max_new_tokens=32",
-                                           f"out_dir={tmp_path}", "device=cpu"])
-    run(cfg)
+    run(compose_config("method=vanilla", "task=qa", "task.limit=2", "gen.max_new_tokens=32", f"out_dir={tmp_path}",
+                       "device=cpu"))
     answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     assert [a["category"] for a in answers] == ["qa", "qa"]
     assert all(0 < a["choices"][0]["new_tokens"][0] <= 32 and a["choices"][0]["turns"][0] for a in answers)

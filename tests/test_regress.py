@@ -9,23 +9,14 @@ import pytest
 
 from bench.regress import RegressError, main, regress
 from bench.report import write_report
-from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
-
-BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}
-
+from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 def pld_run(path: Path, accepts: list[int] = (1, 3, 3, 3, 2), factor: float = 1.5, diverge: dict | None = None,
             limit_to: set[int] | None = None, **kw) -> Path:
-    """A pld run on every task, `factor` times vanilla's speed; `diverge` gives qid -> divergence record."""
-    answers = []
-    for qid, category in QUESTIONS:
-        if limit_to is not None and qid not in limit_to:
-            continue
-        turns = 2 if category == "writing" else 1
-        divergence = (diverge or {}).get(qid)
-        answers.append(record(qid, category, "pld", [list(accepts)] * turns, [1.0 / turns / factor] * turns,
-                              exact_match=divergence is None, divergence=divergence))
-    return write_run(path, "pld", answers, vanilla_records(BASE_TIME), **kw)
+    """A pld run on every task (or the questions in `limit_to`), `factor` times vanilla's speed; `diverge` gives
+    qid -> divergence record."""
+    qids = [qid for qid, _ in QUESTIONS if limit_to is None or qid in limit_to]
+    return method_run(path, "pld", {qid: factor for qid in qids}, accepts, diverge=diverge, **kw)
 
 
 @pytest.fixture

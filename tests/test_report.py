@@ -12,24 +12,10 @@ import torch
 
 from bench.report import TASK_COLUMNS, accept_lengths_by_method, leaderboard, load_runs, method_labels, select_latest, \
     write_report
-from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
+from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
                        "Mathematical Reasoning", "Retrieval-aug. Generation", "#Mean Accepted Tokens", "Overall"]
-BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}  # vanilla: 12 tokens per turn in 1 s per question
-
-
-def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], **kw) -> Path:
-    """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
-    `accepts` tokens per forward in each turn (prefill first)."""
-    answers, baselines = [], []
-    for qid, category in QUESTIONS:
-        if qid not in factor:
-            continue
-        turns = 2 if category == "writing" else 1
-        answers.append(record(qid, category, method, [accepts] * turns, [1.0 / turns / factor[qid]] * turns))
-        baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns))
-    return write_run(path, method, answers, baselines, **kw)
 
 
 def table_rows(markdown: str) -> list[list[str]]:
@@ -227,20 +213,16 @@ def spec_bench_speed(answers_file: Path, baseline_file: Path, task: str) -> tupl
 @pytest.fixture(scope="module")
 def tiny_run(tiny_checkpoint, tmp_path_factory):
     """One real run on the tiny checkpoint: a drafter that is sometimes right, every task, interleaved vanilla."""
-    from hydra import compose, initialize_config_dir
-
-    from bench.run import PROJECT_ROOT, run
+    from bench.run import compose_config, run
+    from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("runs") / "repeat"
-    overrides = [f"model.path={tiny_checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
-                 "model.dtype=float64", "device=cpu", f"out_dir={out}", "gen.max_new_tokens=12", "warmup_tokens=2",
-                 "task=all", "task.limit=1", "method.name=repeat",
+    overrides = [*tiny_overrides(tiny_checkpoint, out), "task=all", "task.limit=1", "method.name=repeat",
                  "+method.drafter={_target_:tests.drafters.RepeatLastDrafter,width:3}"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model gains nothing from threads, and loses much on a busy 2-core machine
     try:
-        with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            run(compose("config", overrides=overrides))
+        run(compose_config(*overrides))
     finally:
         torch.set_num_threads(threads)
     return out

@@ -9,9 +9,7 @@ from bench.datastore import Datastore, read_json_array, sort_suffixes, write_dat
 from bench.models import MissingArtifactError
 from methods.rest import RestDrafter, frequent_prefix_trie
 from tests.conftest import VOCAB, vanilla_tokens
-from tests.method_checks import (  # noqa: F401 (one_thread is a fixture)
-    assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config, one_thread,
-)
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
 
 TURNS = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 9, 8], [2, 3, 4, 5, 0, 1], [5, 6, 7]]
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from bench.records import read_jsonl
 from bench.run import PROJECT_ROOT, find_divergence, run
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
@@ -16,22 +17,11 @@ CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", 
 REPEAT = "method.name=repeat", "+method.drafter={_target_:tests.drafters.RepeatLastDrafter,width:3}"
 
 
-def read_answers(path):
-    """Records of a JSONL file, skipping a line cut off by an interrupted run."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return records
-
-
 def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
     cfg = compose("method=vanilla", "task=mt_bench", "task.limit=3")
     summary = run(cfg)
     out = tmp_path / "run"
-    answers = read_answers(out / "answers.jsonl")
+    answers = read_jsonl(out / "answers.jsonl")
     assert [a["question_id"] for a in answers] == [81, 82, 83]
     for answer in answers:
         assert SPEC_BENCH_FIELDS <= answer.keys()
@@ -50,11 +40,11 @@ def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
 
 def test_rerun_resumes_instead_of_redoing(compose, tmp_path):
     run(compose("task=qa", "task.limit=2"))
-    first = read_answers(tmp_path / "run" / "answers.jsonl")
+    first = read_jsonl(tmp_path / "run" / "answers.jsonl")
     with open(tmp_path / "run" / "answers.jsonl", "a") as f:
         f.write('{"question_id": 999, "cut off mid-li')  # an interrupted write
     run(compose("task=qa", "task.limit=3"))
-    after = read_answers(tmp_path / "run" / "answers.jsonl")
+    after = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert [a["answer_id"] for a in after[:2]] == [a["answer_id"] for a in first]
     assert len(after) == 3 and after[2]["question_id"] not in {a["question_id"] for a in first}
 
@@ -68,7 +58,7 @@ def test_other_settings_in_same_out_dir_are_refused(compose):
 def test_method_run_interleaves_vanilla_and_matches_it(compose, tmp_path):
     summary = run(compose("task=all", "task.limit=1", *REPEAT))
     out = tmp_path / "run"
-    answers, baseline = read_answers(out / "answers.jsonl"), read_answers(out / "baseline.jsonl")
+    answers, baseline = read_jsonl(out / "answers.jsonl"), read_jsonl(out / "baseline.jsonl")
     assert len(answers) == len(baseline) == 6
     for ours, theirs in zip(answers, baseline):
         assert ours["choices"][0]["token_ids"] == theirs["choices"][0]["token_ids"]
@@ -77,7 +67,7 @@ def test_method_run_interleaves_vanilla_and_matches_it(compose, tmp_path):
     assert (summary.exact_match == 1.0).all() and (summary.speedup > 0).all()
     # a resumed run decodes vanilla only for the new questions and keeps the stored baseline records
     run(compose("task=all", "task.limit=2", *REPEAT))
-    resumed = read_answers(out / "baseline.jsonl")
+    resumed = read_jsonl(out / "baseline.jsonl")
     assert len(resumed) == 12 and [b["answer_id"] for b in resumed[:6]] == [b["answer_id"] for b in baseline]
 
 

@@ -9,7 +9,7 @@ import pytest
 from bench import smoke as smoke_module
 from bench.models import MissingArtifactError
 from bench.run import PROJECT_ROOT
-from tests.report_fixtures import QUESTIONS, record, vanilla_records, write_run
+from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 
 def test_methods_are_every_method_config_vanilla_first():
@@ -21,14 +21,10 @@ def test_methods_are_every_method_config_vanilla_first():
 def fake_run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """Stands in for a real run: writes a hand-built run, or fails as a method without artifacts / a broken one."""
     assert "task=all" in overrides and "task.limit=1" in overrides
-    base = vanilla_records({qid: 1.0 for qid, _ in QUESTIONS})
     if method == "vanilla":
-        write_run(out_dir, "vanilla", base)
+        write_run(out_dir, "vanilla", vanilla_records(BASE_TIME))
     elif method == "pld":
-        answers = [record(qid, cat, "pld", [[1, 3, 3, 3, 2]] * (2 if cat == "writing" else 1),
-                          [0.5 / (2 if cat == "writing" else 1)] * (2 if cat == "writing" else 1))
-                   for qid, cat in QUESTIONS]
-        write_run(out_dir, "pld", answers, base)
+        method_run(out_dir, "pld", {qid: 2.0 for qid, _ in QUESTIONS}, [1, 3, 3, 3, 2])
     elif method == "rest":
         raise MissingArtifactError("REST datastore x not found; build it with: python -m bench.datastore")
     else:

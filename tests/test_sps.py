@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import DynamicCache
 
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.models import MissingArtifactError
 from bench.run import PROJECT_ROOT
 from methods.sps import DraftModelDrafter, load_draft, resolve_draft_path, save_draft, slice_target
-from tests.conftest import make_tiny_model, vanilla_tokens
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, one_thread  # noqa: F401
+from tests.conftest import make_tiny_model
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +110,7 @@ def test_missing_draft_names_its_path_and_how_to_make_it(tiny_model):
 
 @pytest.mark.parametrize("model", ["smollm2_135m", "vicuna_7b"])
 def test_config_points_the_drafter_at_the_model_draft(model):
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["method=sps", f"model={model}"])
+    cfg = compose_method("sps", f"model={model}")
     assert cfg.method.drafter._target_ == "methods.sps.DraftModelDrafter"
     assert cfg.method.drafter.draft_path == cfg.model.sps_draft
     if model == "smollm2_135m":

@@ -5,9 +5,8 @@ import dataclasses
 import importlib
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from bench.run import PROJECT_ROOT
+from bench.run import compose_config
 
 # The fields of the plugins' config dataclasses in their released version 1.2.0 (checked against the installed
 # plugins when they are importable, below).
@@ -24,9 +23,7 @@ SLURM = ("hydra_plugins.hydra_submitit_launcher.config", "SlurmQueueConf",
 
 
 def launcher_config(name: str, *overrides: str):
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"hydra/launcher={name}", *overrides], return_hydra_config=True)
-    return cfg.hydra.launcher
+    return compose_config(f"hydra/launcher={name}", *overrides, return_hydra_config=True).hydra.launcher
 
 
 @pytest.mark.parametrize("name, plugin", [("joblib", JOBLIB), ("submitit_slurm", SLURM)])
