@@ -27,10 +27,18 @@ class StepResult:
     tree: DraftTree | None
     logits: torch.Tensor  # [L, vocab] target logits for root, nodes, aux nodes
     acceptance: Acceptance
+    hidden: torch.Tensor | None = None  # [L, F] target features of the same rows, for drafters with feature_layers
 
 
 class Drafter(Protocol):
-    """A method's proposer. `context` is every token so far: prompt, generated tokens and the current root."""
+    """A method's proposer. `context` is every token so far: prompt, generated tokens and the current root.
+
+    A drafter that drafts from the target's own hidden states (Medusa, EAGLE, Hydra) sets `feature_layers`, indices
+    into transformers' `hidden_states` (-1: the last layer after the final norm, what the LM head sees); the engine
+    then hands it the target's features, concatenated over those layers, on the device and without a second
+    forward: `start(prompt_ids, hidden=[P, F])` for the prompt and `StepResult.hidden` for each verified step.
+    Drafters without `feature_layers` get neither and cost nothing extra.
+    """
 
     def start(self, prompt_ids: list[int]) -> None: ...
 
@@ -108,6 +116,15 @@ class SpeculativeEngine:
         self.sampling = sampling
         self.device = model.device
         self._min_value = torch.finfo(model.dtype).min
+        self.feature_layers = tuple(getattr(self.drafter, "feature_layers", ()))
+
+    def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target logits [L, vocab] and, when the drafter asks for them, its features [L, F] (batch row 0)."""
+        if not self.feature_layers:
+            return self.model(**inputs).logits[0], None
+        out = self.model(**inputs, output_hidden_states=True)
+        parts = [out.hidden_states[i][0] for i in self.feature_layers]
+        return out.logits[0], parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         if self.sampling.greedy:
@@ -138,21 +155,24 @@ class SpeculativeEngine:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         cache = DynamicCache(config=self.model.config)
         prompt = torch.tensor([prompt_ids], device=self.device)
-        logits = self.model(input_ids=prompt, cache=cache, logits_to_keep=1).logits[0, -1]
-        root = self._pick(logits, generator)
+        logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
+        root = self._pick(logits[-1], generator)
         out = TurnOutput(tokens=[], accept_lengths=[1])
         done = stop.extend(out.tokens, [root])
-        self.drafter.start(list(prompt_ids))
+        if hidden is None:
+            self.drafter.start(list(prompt_ids))
+        else:
+            self.drafter.start(list(prompt_ids), hidden=hidden)
         context = list(prompt_ids) + [root]
         while not done:
             tree = self.drafter.propose(context, stop.max_new_tokens - len(out.tokens))
             if tree is not None and not len(tree) and not tree.aux_tokens:
                 tree = None
             past_len = cache.get_seq_length()
-            logits = self.model(**self._verify_inputs(root, tree, past_len), cache=cache).logits[0]
+            logits, hidden = self._forward(**self._verify_inputs(root, tree, past_len), cache=cache)
             acceptance = self._accept(logits, tree, generator)
             keep_accepted_kv(cache, past_len, acceptance.rows)
-            self.drafter.update(StepResult(tree, logits, acceptance))
+            self.drafter.update(StepResult(tree, logits, acceptance, hidden))
             before = len(out.tokens)
             done = stop.extend(out.tokens, acceptance.tokens)
             out.accept_lengths.append(len(out.tokens) - before)

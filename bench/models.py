@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -24,6 +26,23 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise MissingArtifactError(f"device={name} was asked for but torch sees no CUDA device; use device=cpu or device=auto")
     return torch.device(name)
+
+
+def resolve_artifact_path(path: str | Path) -> Path | None:
+    """A local artifact folder (absolute, or relative to the project root, not the cwd); None for a hub id."""
+    path = Path(path)
+    local = path if path.is_absolute() else PROJECT_ROOT / path
+    if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
+        return local
+    return None
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """EOS ids as `generate` uses them: the generation config's, else the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}
 
 
 def package_dir(package: str, install_hint: str) -> Path:

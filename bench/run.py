@@ -21,13 +21,12 @@ from tqdm import tqdm
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.gpu import GpuMonitor
 from bench.metrics import summarize
-from bench.models import load_model, resolve_device
+from bench.models import PROJECT_ROOT, eos_token_ids, load_model, resolve_device
 from bench.records import AnswerFile, answer_record, config_key
 from bench.sampling import SamplingConfig
 from bench.timing import timed
 from tasks import build_prompt, load_questions
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "mean_accepted_tokens",
                    "exact_match"]
 
@@ -204,10 +203,3 @@ def _progress_note(method: str, answers: AnswerFile, baselines: AnswerFile) -> s
     row = summarize(method, list(answers.records.values()), baselines.records).iloc[-1]
     return f"speedup {row.speedup:.2f}x  accepted/step {row.mean_accepted_tokens:.2f}"
 
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    """EOS ids as `generate` uses them: the generation config's, else the tokenizer's."""
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos]) - {None}

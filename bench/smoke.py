@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.models import MissingArtifactError
 from bench.regress import RegressError, regress
 from bench.report import write_report
-from bench.run import PROJECT_ROOT
+from bench.models import PROJECT_ROOT
 
 DEFAULT_OVERRIDES = ["task=all", "task.limit=1", "gen.max_new_tokens=32", "device=cpu", "warmup_tokens=4"]
 DEFAULT_BASELINE = PROJECT_ROOT / "results" / "baselines" / "smollm2_135m-cpu.json"

@@ -1,8 +1,9 @@
-"""Distil an SpS draft from the target model.
+"""Train a method's draft weights: `python -m bench.train method=<sps|medusa|eagle|hydra> [model=<model>] [train.<key>=...]`
 
-    python -m bench.train method=sps [model=<model>] [train.max_steps=N] [train.max_minutes=M] [train.<key>=...]
+Hydra app over conf/ (primary config conf/train.yaml, recipe conf/train/<method>.yaml). The trained-head methods
+(Medusa, EAGLE, Hydra) share one pipeline, methods/training.py, whose recipe names the method's head and loss.
 
-Hydra app over conf/ (primary config conf/train.yaml, recipe conf/train/sps.yaml). The draft is a few of the
+SpS: the draft is a few of the
 target's own decoder layers (copied, then trained) on top of its embedding and LM head (shared, frozen, not
 stored). It learns KL(p_target || q_draft) on ShareGPT conversations rendered with the target's chat template;
 the target's distribution is computed on the fly, without gradients. A resume checkpoint is written every
@@ -13,7 +14,6 @@ with a card.json recording the command, data, steps, wall time, loss and accepta
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import sys
@@ -23,28 +23,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import hydra
+import hydra.utils
 import torch
 import torch.nn.functional as F
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from bench.engine import SpeculativeEngine, StopCondition
-from bench.datastore import sharegpt_records
-from bench.models import load_model
-from bench.run import PROJECT_ROOT
+from bench.features import sharegpt_conversations
+from bench.models import PROJECT_ROOT, load_model
 from methods.sps import DraftModelDrafter, _own_state, resolve_draft_path, save_draft, slice_target
-
-ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "system": "system"}
-
-
-def sharegpt_conversations(path: Path | None = None) -> Iterator[list[dict]]:
-    """ShareGPT conversations (bench.datastore.sharegpt_records) as chat messages, in file order."""
-    for record in sharegpt_records(path):
-        messages = [{"role": ROLES[turn["from"]], "content": turn["value"]}
-                    for turn in record.get("conversations", []) if turn.get("from") in ROLES and turn.get("value")]
-        if messages:
-            yield messages
-
+from methods.training import learning_rate, train_heads
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
     """Fixed-length training sequences: each conversation through the chat template, cut into at most
@@ -64,13 +53,6 @@ def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Te
     vocab = draft_logits.shape[-1]
     return F.kl_div(draft_logits.float().log_softmax(-1).view(-1, vocab), target_logits.float().log_softmax(-1).view(-1, vocab),
                     log_target=True, reduction="batchmean")
-
-
-def learning_rate(cfg: DictConfig, step: int, progress: float) -> float:
-    """Linear warm-up, then cosine from lr down to lr/10 as progress (the larger of the step and time fractions) -> 1."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 @torch.inference_mode()
@@ -207,7 +189,10 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    if cfg.train.get("recipe") is not None:
+        train_heads(cfg, hydra.utils.instantiate(cfg.train.recipe))
+    else:
+        train(cfg)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,15 @@ class DraftTree:
     def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
 
+    def with_tokens(self, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
+        """A tree of the same shape with other tokens; its cached mask, positions and children are reused, so a
+        method with a static tree (Medusa) builds them once, not every step."""
+        tree = DraftTree(list(tokens), self.parents, draft_probs)
+        for name in ("depths", "children", "local_mask", "position_offsets", "is_chain"):
+            if name in self.__dict__:
+                tree.__dict__[name] = self.__dict__[name]
+        return tree
+
     def __len__(self) -> int:
         return len(self.tokens)
 

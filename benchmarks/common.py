@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.models import load_model
-from bench.run import PROJECT_ROOT, eos_token_ids
+from bench.models import PROJECT_ROOT, eos_token_ids
 from bench.timing import timed
 from tasks import first_turn_prompts, read_questions
 

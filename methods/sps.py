@@ -17,8 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from bench.engine import StepResult
-from bench.models import MissingArtifactError, artifact_fingerprint
-from bench.run import PROJECT_ROOT
+from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
 
@@ -66,13 +65,7 @@ def save_draft(draft, out_dir: Path, card: dict) -> None:
     (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
 
 
-def resolve_draft_path(path: str | Path) -> Path | None:
-    """A local draft folder (absolute, or relative to the project root, not the cwd); None for a hub id."""
-    path = Path(path)
-    local = path if path.is_absolute() else PROJECT_ROOT / path
-    if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
-        return local
-    return None
+resolve_draft_path = resolve_artifact_path  # a local draft folder, or None for a hub id
 
 
 def load_draft(path: str | Path, target, train_command: str = "python -m bench.train method=sps"):

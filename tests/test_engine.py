@@ -108,3 +108,43 @@ def test_tree_logits_match_sequential_decoding(tiny_model, prompts):
         for node, path in enumerate([[5], [6], [5, 7], [6, 8], [6, 9]]):
             full = tiny_model(input_ids=torch.tensor([prompt + [3] + path])).logits[0, -1]
             torch.testing.assert_close(logits[node + 1], full)
+
+
+class FeatureRecorder(ScriptedDrafter):
+    """A tree drafter that asks for the target's features and keeps those of the prompt and of each accepted path."""
+
+    feature_layers = (-1, 1)  # the post-norm last layer and the first decoder layer's output, concatenated
+
+    def start(self, prompt_ids, hidden=None):
+        self.kept = [hidden]
+
+    def update(self, step):
+        super().update(step)
+        self.kept.append(step.hidden[step.acceptance.rows])
+
+
+def test_drafter_features_equal_an_uncached_forward_over_the_accepted_path(tiny_model, prompts):
+    """The features a drafter receives (prompt, then the root and accepted nodes of each tree step) are the target's
+    hidden states of an uncached forward over prompt + generated tokens, row for row."""
+    prompt = prompts[1]
+    reference = vanilla_tokens(tiny_model, prompt, 20)
+    drafter = FeatureRecorder(reference, len(prompt), "tree")
+    out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(20))
+    assert out.tokens == reference
+    received = torch.cat(drafter.kept)  # [prompt + every root and accepted node, 2H]
+    longer = vanilla_tokens(tiny_model, prompt, 30)  # the last step may accept past the stop; those rows count too
+    with torch.inference_mode():
+        full = tiny_model(input_ids=torch.tensor([prompt + longer]), output_hidden_states=True).hidden_states
+    expected = torch.cat([full[-1][0], full[1][0]], dim=-1)
+    assert len(prompt) + len(reference) - 1 <= len(received) <= len(expected)  # every position but the last token's
+    torch.testing.assert_close(received, expected[: len(received)])
+    assert max(n for _, n in drafter.steps) == 4  # accepted paths of several nodes were checked
+
+
+def test_drafters_without_feature_layers_get_no_features(tiny_model, prompts):
+    reference = vanilla_tokens(tiny_model, prompts[0], 8)
+    drafter = ScriptedDrafter(reference, len(prompts[0]), "tree")
+    seen = []
+    drafter.update = lambda step: seen.append(step.hidden)
+    SpeculativeEngine(tiny_model, drafter).generate(prompts[0], StopCondition(8))
+    assert seen and all(h is None for h in seen)

@@ -1,0 +1,90 @@
+"""The shared trained-head pipeline: feature cache (bench/features.py) and training loop (methods/training.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
+
+from bench.features import build_feature_cache, load_features, render_with_assistant_mask
+from bench.models import PROJECT_ROOT, load_model
+
+REPLY = ("Speculative decoding drafts several tokens cheaply and verifies them in one forward of the target model, "
+         "so that the output is exactly what the target alone would write, only sooner. ")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A ShareGPT-format file: a few conversations, long enough for several 32-token blocks each."""
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i}: why is it faster?"},
+                                                 {"from": "gpt", "value": REPLY * (1 + i % 3)}]} for i in range(12)]
+    path = tmp_path_factory.mktemp("corpus") / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def train_config(checkpoint, corpus, tmp_path, method: str, *overrides: str):
+    """conf/train.yaml for `method` on the tiny checkpoint and corpus, with small budgets, writing under tmp_path."""
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[
+            f"method={method}", f"model.path={checkpoint}", "model.gguf_file=null", "model.package=null",
+            "model.name=tiny", f"features.corpus={corpus}", "features.seq_len=32", "features.num_sequences=8",
+            "features.shard_sequences=2", f"features.dir={tmp_path / 'features'}", "train.max_steps=4",
+            "train.eval_every=2", "train.batch_size=2", f"train.checkpoint={tmp_path / 'resume.pt'}",
+            f"model.{method}.checkpoint={tmp_path / 'heads'}", *overrides])
+
+
+def test_assistant_mask_covers_exactly_the_assistant_turns(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    ids, mask = render_with_assistant_mask(tokenizer, [{"role": "user", "content": "Hi there"},
+                                                       {"role": "assistant", "content": "Hello you"}])
+    assert len(ids) == len(mask)
+    masked = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    unmasked = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
+    assert masked == "<|im_start|>assistant\nHello you<|im_end|>\n"
+    assert unmasked == "<|im_start|>user\nHi there<|im_end|>\n"
+
+
+def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_checkpoint, corpus, tmp_path, one_thread):
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa")
+    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    folder = build_feature_cache(target, tokenizer, cfg)
+    assert sorted(p.name for p in folder.glob("shard-*.pt")) == [f"shard-0000{i}.pt" for i in range(4)]
+    train_set, heldout = load_features(cfg)
+    assert len(train_set) == 6 and len(heldout) == 2 and train_set.hidden.dtype == torch.float16
+    with torch.inference_mode():
+        out = target(input_ids=heldout.input_ids, output_hidden_states=True)
+    assert torch.equal(heldout.labels, out.logits.argmax(-1))
+    torch.testing.assert_close(heldout.hidden.float(), out.hidden_states[-1], atol=2e-3, rtol=2e-3)
+    assert heldout.mask.any() and not heldout.mask.all()
+
+    (folder / "shard-00003.pt").unlink()  # an interrupted build: the rerun makes only what is missing
+    before = (folder / "shard-00000.pt").stat().st_mtime_ns
+    build_feature_cache(target, tokenizer, cfg)
+    assert (folder / "shard-00003.pt").exists() and (folder / "shard-00000.pt").stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="other settings"):
+        build_feature_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
+                                                            "features.max_blocks_per_conversation=1"))
+
+
+def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.medusa import MedusaDrafter, MedusaRecipe
+    from methods.training import train_heads
+    from tests.method_checks import assert_lossless
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
+    out_dir = train_heads(cfg, MedusaRecipe())
+    card = json.loads((out_dir / "card.json").read_text())
+    assert card["steps"] == 4 and card["tokens_seen"] == 4 * 2 * 32 and card["draft_vocab_size"] == 64
+    assert [h["head"] for h in card["heldout_agreement"]] == [0, 1, 2, 3]
+    assert all(0 <= h["top1"] <= h["top5"] <= 1 for h in card["heldout_agreement"])
+    assert [e["step"] for e in card["heldout_agreement_history"]] == [2, 4]
+    assert card["commands"] and 0 < card["heldout_vocab_coverage"] <= 1
+
+    cfg.model.dtype = "float64"  # rules out rounding flips in the lossless check
+    target, _ = load_model(cfg.model, torch.device("cpu"))
+    drafter = MedusaDrafter(target, checkpoint=str(out_dir), choices=[[0], [1], [0, 0], [0, 0, 0]])
+    assert drafter.vocab.size == 64
+    assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
