@@ -46,23 +46,29 @@ def speculative_sampling_accept(
 
     At each accepted node, its children are tried in order: child x drawn from q is kept with probability
     min(1, p(x) / q(x)); on rejection p becomes norm(max(0, p - q)). A deterministic proposal has q = one-hot(x).
+    Siblings drawn from one q without replacement (tree.siblings == "without_replacement", EAGLE's sampled trees)
+    also remove the rejected x from q and renormalise it before the next sibling (SpecTr; Li et al. 2024).
     When no child is kept, the bonus token is drawn from the current p. logits: [L, vocab].
     """
+    without_replacement = tree is not None and tree.siblings == "without_replacement"
     row, rows, tokens = 0, [0], []
     while True:
         p = logits_to_probs(logits[row], cfg).cpu()  # [vocab]
-        kept = None
+        kept, q = None, None
         for node in (tree.children[row] if tree is not None and len(tree) else ()):
             token = tree.tokens[node]
             if tree.draft_probs is None:
                 q = torch.zeros_like(p)
                 q[token] = 1.0
-            else:
-                q = tree.draft_probs[node].float().cpu()
+            elif q is None or not without_replacement:
+                q = tree.draft_probs[node].float().cpu().clone()
             if torch.rand(1, generator=generator).item() * q[token].item() < p[token].item():
                 kept = node
                 break
             residual = (p - q).clamp_(min=0)
+            if without_replacement:
+                q[token] = 0.0
+                q /= q.sum().clamp(min=1e-30)
             total = residual.sum()
             if total <= 0:  # p == q up to rounding: rejection had probability ~0
                 continue

@@ -13,7 +13,9 @@ class DraftTree:
 
     `tokens[i]` is node i's token and `parents[i]` its parent node (-1: the root); parents come before children.
     `draft_probs` ([n, vocab], optional) holds the distribution each node was drawn from, for speculative sampling;
-    None means the proposal was deterministic.
+    None means the proposal was deterministic. `siblings` says how the children of one node were drawn:
+    "independent" (each from its own row of draft_probs) or "without_replacement" (in order, from their parent's
+    q with the siblings drawn before them removed; every sibling's row holds that q before removals).
     Auxiliary nodes (`aux_*`, used by lookahead's Jacobi window) are scored in the same forward but are never
     accepted: they see the past, the root and the aux nodes marked in `aux_mask` ([m, m] bool), at positions
     root + `aux_depths` ([m]).
@@ -22,6 +24,7 @@ class DraftTree:
     tokens: list[int]
     parents: list[int]
     draft_probs: torch.Tensor | None = None  # [n, vocab]
+    siblings: str = "independent"  # or "without_replacement"
     aux_tokens: list[int] = field(default_factory=list)
     aux_depths: list[int] = field(default_factory=list)
     aux_mask: torch.Tensor | None = None  # [m, m] bool
@@ -33,7 +36,7 @@ class DraftTree:
     def with_tokens(self, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
         """A tree of the same shape with other tokens; its cached mask, positions and children are reused, so a
         method with a static tree (Medusa) builds them once, not every step."""
-        tree = DraftTree(list(tokens), self.parents, draft_probs)
+        tree = DraftTree(list(tokens), self.parents, draft_probs, self.siblings)
         for name in ("depths", "children", "local_mask", "position_offsets", "is_chain"):
             if name in self.__dict__:
                 tree.__dict__[name] = self.__dict__[name]

@@ -88,3 +88,19 @@ def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, cor
     drafter = MedusaDrafter(target, checkpoint=str(out_dir), choices=[[0], [1], [0, 0], [0, 0, 0]])
     assert drafter.vocab.size == 64
     assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
+
+
+def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.eagle import EagleDrafter, EagleRecipe
+    from methods.training import train_heads
+    from tests.method_checks import assert_lossless
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle", "train.draft_vocab_size=null")
+    out_dir = train_heads(cfg, EagleRecipe())
+    card = json.loads((out_dir / "card.json").read_text())
+    assert card["method"] == "eagle" and card["steps"] == 4 and card["draft_vocab_size"] == card["heldout_vocab_coverage"] * 0 + 400
+    assert len(card["heldout_agreement"]) == 1 and 0 <= card["heldout_agreement"][0]["top1"] <= 1
+    cfg.model.dtype = "float64"
+    target, _ = load_model(cfg.model, torch.device("cpu"))
+    drafter = EagleDrafter(target, checkpoint=str(out_dir), total_token=6, depth=3, top_k=2)
+    assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)

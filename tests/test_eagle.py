@@ -1,0 +1,124 @@
+"""EAGLE / EAGLE-2 (methods/eagle.py): lossless greedy decoding, the head's KV cache, checkpoint formats."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import DynamicCache
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.models import MissingArtifactError, PROJECT_ROOT
+from methods.eagle import EagleDrafter, EagleHead, load_eagle
+from methods.heads import DraftVocabulary, save_heads
+from tests.conftest import VOCAB
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+
+EAGLE_7B_25 = yaml.safe_load((PROJECT_ROOT / "conf" / "method" / "eagle.yaml").read_text())["trees"]["eagle_7b_25"]
+
+
+def random_head(model, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead(model.config).to(model.dtype).eval()
+
+
+class Recorder(EagleDrafter):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.accepted: list[int] = []
+        self.sizes: list[int] = []
+
+    def update(self, step):
+        super().update(step)
+        self.accepted.append(step.acceptance.num_accepted_drafts)
+        self.sizes.append(len(step.tree) if step.tree is not None else 0)
+
+
+@pytest.mark.parametrize("shape", ["eagle1", "eagle2-small", "eagle2-upstream"])
+@pytest.mark.parametrize("vocab_slice", [None, 48])
+def test_greedy_eagle_equals_vanilla(tiny_model, prompts, shape, vocab_slice, one_thread):
+    knobs = {"eagle1": {"choices": EAGLE_7B_25}, "eagle2-small": {"total_token": 8, "depth": 3, "top_k": 2},
+             "eagle2-upstream": {"total_token": 60, "depth": 5, "top_k": 10}}[shape]
+    vocab = DraftVocabulary(tiny_model.get_output_embeddings(),
+                            None if vocab_slice is None else torch.arange(0, VOCAB, VOCAB // vocab_slice))
+    accepted = []
+    for seed, prompt in enumerate(prompts):
+        drafter = Recorder(tiny_model, head=random_head(tiny_model, seed), vocab=vocab, **knobs)
+        assert_lossless(tiny_model, drafter, prompt, 40)
+        accepted += drafter.accepted
+        expected_size = 25 if shape == "eagle1" else min(knobs["total_token"] - 1, knobs["depth"] * knobs["top_k"])
+        assert max(drafter.sizes) == expected_size
+    assert 0 in accepted
+    if shape != "eagle2-small":  # wide trees: a random head is sometimes right
+        assert max(accepted) >= 1
+
+
+def test_head_cache_equals_a_fresh_prefill_of_the_accepted_context(tiny_model, prompts, one_thread):
+    """After every step the head's KV cache holds exactly the pairs (token t+1, target feature f_t) of the accepted
+    context, as if they had been fed in one go."""
+    prompt = prompts[1]
+    head = random_head(tiny_model, 3)
+    drafter = EagleDrafter(tiny_model, head=head, total_token=10, depth=4, top_k=3)
+    out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(25))
+    held = drafter.cache.get_seq_length()
+    context = prompt + out.tokens
+    assert held == drafter.context_len and len(prompt) - 1 <= held < len(context) - 1
+    with torch.inference_mode():
+        features = tiny_model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1]
+        fresh = DynamicCache(config=head.body.config)
+        head(tiny_model.get_input_embeddings()(torch.tensor([context[1 : held + 1]])), features[:, :held], cache=fresh)
+    for got, want in zip(drafter.cache.layers, fresh.layers):
+        torch.testing.assert_close(got.keys, want.keys)
+        torch.testing.assert_close(got.values, want.values)
+
+
+def write_upstream_checkpoint(folder, head: EagleHead, config) -> None:
+    """SafeAILab's layout: config.json + pytorch_model.bin with `fc.*`, `layers.0.*` and an embedding table."""
+    folder.mkdir()
+    state = {"embed_tokens.weight": torch.zeros(config.vocab_size, config.hidden_size)}
+    for key, value in head.state_dict().items():
+        if key.startswith("fc."):
+            state[key] = value.float()
+        elif key.startswith("body.layers.0."):
+            state[key[len("body."):]] = value.float()
+    state["layers.0.input_layernorm.weight"] = torch.ones(config.hidden_size)
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "bias": True,
+                                                    "hidden_size": config.hidden_size}))
+
+
+def test_upstream_checkpoint_loads(tiny_model, prompts, tmp_path, one_thread):
+    head = random_head(tiny_model, 5)
+    write_upstream_checkpoint(tmp_path / "eagle-tiny", head, tiny_model.config)
+    loaded, vocab, _ = load_eagle(tmp_path / "eagle-tiny", tiny_model)
+    embeds, features = torch.randn(1, 4, 64, dtype=torch.float64), torch.randn(1, 4, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(embeds, features), head(embeds, features), rtol=1e-5, atol=1e-5)
+    assert vocab.size == VOCAB
+    drafter = EagleDrafter(tiny_model, checkpoint=str(tmp_path / "eagle-tiny"), choices=EAGLE_7B_25)
+    assert_lossless(tiny_model, drafter, prompts[0], 20)
+
+
+def test_own_checkpoint_round_trip(tiny_model, tmp_path):
+    head = random_head(tiny_model, 6)
+    ids = torch.tensor([1, 2, 3, 40, 90])
+    save_heads(tmp_path / "ck", {"specbench_method": "eagle"}, {**head.state_dict(), "draft_vocab_ids": ids}, {})
+    loaded, vocab, _ = load_eagle(tmp_path / "ck", tiny_model)
+    assert vocab.token_ids.tolist() == ids.tolist()
+    x = torch.randn(1, 3, 64, dtype=torch.float64)
+    rounded = head.half().double()  # what fp16 storage keeps
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, x), rounded(x, x), rtol=1e-3, atol=1e-2)  # rotary buffers differ
+
+
+def test_missing_checkpoint_names_the_training_command(tiny_model, tmp_path):
+    with pytest.raises(MissingArtifactError, match="python -m bench.train method=eagle"):
+        load_eagle(tmp_path / "nothing", tiny_model)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("method", ["eagle", "eagle2"])
+def test_committed_eagle_head_is_lossless_on_smollm2(method):
+    mean_accepted = assert_lossless_on_smollm2(method, category="mt_bench", count=2)
+    assert mean_accepted > 1.3
