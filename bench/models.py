@@ -5,10 +5,13 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+
+from tasks import set_prompt_format
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -102,7 +105,10 @@ def load_model(cfg: DictConfig, device: torch.device):
     except OSError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise MissingArtifactError(f"cannot load model '{source}' ({reason}); fix: {cfg.install_hint}") from err
-    if cfg.get("chat_template"):
-        tokenizer.chat_template = cfg.chat_template
+    prompt_format = set_prompt_format(tokenizer, cfg.get("prompt_format", "auto"), cfg.get("chat_template"))
+    if prompt_format == "plain" and cfg.get("prompt_format", "auto") == "auto":
+        print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
+              f"('User: ...\\n\\nAssistant:', README: Prompts); set model.chat_template=... or model.prompt_format=raw "
+              f"to change it", file=sys.stderr)
     model.to(device).eval()
     return model, tokenizer

@@ -76,6 +76,14 @@ def tiny_checkpoint(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def base_checkpoint(tmp_path_factory):
+    """A tiny base model without a chat template, with sliding-window attention (see tests/tiny_checkpoint.py)."""
+    from tests.tiny_checkpoint import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gemma3"), base_model=True)
+
+
 def tiny_overrides(checkpoint, out_dir) -> list[str]:
     """Overrides that point the CLI's config at the tiny checkpoint, on CPU, with short generations."""
     return [f"model.path={checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
@@ -87,8 +95,8 @@ def compose(tiny_checkpoint, tmp_path):
     """compose(*overrides) -> the CLI's config for the tiny checkpoint, writing to a fresh out_dir."""
     from bench.run import compose_config
 
-    def _compose(*overrides: str):
-        return compose_config(*tiny_overrides(tiny_checkpoint, tmp_path / "run"), *overrides)
+    def _compose(*overrides: str, checkpoint=tiny_checkpoint):
+        return compose_config(*tiny_overrides(checkpoint, tmp_path / "run"), *overrides)
 
     return _compose
 
