@@ -92,6 +92,11 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     return out
 
 
+def context_window(model) -> int | None:
+    """The most positions (prompt + generated tokens) the model was built for; None when its config does not say."""
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
 def load_model(cfg: DictConfig, device: torch.device):
     """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
