@@ -159,10 +159,10 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     method = cfg.method.name
     is_vanilla = cfg.method.get("drafter") is None
     context = context_window(model)
+    plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
     decode = QuestionDecoder(SpeculativeEngine(model, build_drafter(cfg.method, model, tokenizer, sampling), sampling),
                              tokenizer, stop, device, context)
-    vanilla = decode if is_vanilla else QuestionDecoder(SpeculativeEngine(model, None, sampling), tokenizer, stop,
-                                                        device, context)
+    vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context)
 
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
                "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
