@@ -72,6 +72,7 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     out = cache_dir() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
     if (out / "model.safetensors").exists():
         return out
+    print(f"dequantizing {gguf.name} once into {out}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=cfg.gguf_file, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=cfg.gguf_file)
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
