@@ -6,7 +6,8 @@ still see only their window: on a one-token or chain step the model's own mask f
 mask from the cache, which holds everything), and on a tree step, where the model takes the engine's 4-D mask as
 is, `tree_attention_mask` applies it. transformers' own sliding-window layers keep only the last `window`
 positions, so a step's rejected rows could not be taken back out of them. Recurrent and linear-attention states
-(Mamba, RWKV, Qwen3-Next...) cannot be rolled back by position at all: such models are refused.
+(Mamba, RWKV, Qwen3-Next...) cannot be rolled back by position at all, and chunked attention (Llama 4) would need
+its own tree mask: such models are refused at start.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def attention_windows(model) -> dict[str, int | None]:
     config = model.config.get_text_config(decoder=True)
     name = f"model type '{config.model_type or type(model).__name__}'"
     supported = f"the engine can verify drafts and cut the cache back for {' and '.join(ROLLBACK_SAFE)} layers only"
-    if not model._supports_default_dynamic_cache():
+    if not getattr(model, "_supports_default_dynamic_cache", lambda: True)():  # RWKV, xLSTM, Reformer...
         raise UnsupportedModelError(f"{name} keeps a recurrent state outside the KV cache; {supported}")
     windows: dict[str, set] = {}
     for layer_type, kwargs in zip(*get_layer_types_and_kwargs(config)):
