@@ -7,16 +7,19 @@ import hydra
 from omegaconf import DictConfig
 
 from bench.models import MissingArtifactError
+from bench.validate import ConfigError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from bench.kvcache import UnsupportedModelError
     from bench.run import run
 
     try:
         run(cfg)
-    except MissingArtifactError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (MissingArtifactError, ConfigError, UnsupportedModelError) as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

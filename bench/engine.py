@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
+from bench.kvcache import attention_windows, new_cache, tree_attention_mask
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
 
@@ -115,7 +116,7 @@ class SpeculativeEngine:
         self.drafter = drafter or NoDrafter()
         self.sampling = sampling
         self.device = model.device
-        self._min_value = torch.finfo(model.dtype).min
+        self._windows = attention_windows(model)  # refuses models whose cache cannot be cut back
         self.feature_layers = tuple(getattr(self.drafter, "feature_layers", ()))
 
     def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -137,23 +138,21 @@ class SpeculativeEngine:
         return speculative_sampling_accept(logits, tree, self.sampling, generator)
 
     def _verify_inputs(self, root: int, tree: DraftTree | None, past_len: int) -> dict:
-        """input_ids, and for real trees explicit positions and a 4-D additive mask [1, 1, L, past + L]."""
+        """input_ids, and for real trees explicit positions and 4-D additive masks [1, 1, L, past + L]."""
         tokens = [root] if tree is None else [root, *tree.tokens, *tree.aux_tokens]
         inputs = {"input_ids": torch.tensor([tokens], device=self.device)}
         if tree is not None and not tree.is_chain:  # chains use the model's own causal mask
-            length = len(tokens)
-            mask = torch.zeros(1, 1, length, past_len + length, dtype=self.model.dtype, device=self.device)
-            local = tree.local_mask.to(self.device)
-            mask[0, 0, :, past_len:].masked_fill_(~local, self._min_value)
-            inputs["attention_mask"] = mask
-            inputs["position_ids"] = (tree.position_offsets.to(self.device) + past_len).unsqueeze(0)
+            offsets = tree.position_offsets.to(self.device)
+            inputs["attention_mask"] = tree_attention_mask(tree.local_mask, offsets, past_len, self._windows,
+                                                           self.model.dtype)
+            inputs["position_ids"] = (offsets + past_len).unsqueeze(0)
         return inputs
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
         """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache()
         prompt = torch.tensor([prompt_ids], device=self.device)
         logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
         root = self._pick(logits[-1], generator)

@@ -5,10 +5,13 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+
+from tasks import set_prompt_format
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +91,7 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     out = cache_dir() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
     if (out / "model.safetensors").exists():
         return out
+    print(f"dequantizing {gguf.name} once into {out}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=cfg.gguf_file, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=cfg.gguf_file)
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
@@ -108,6 +112,11 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     return out
 
 
+def context_window(model) -> int | None:
+    """The most positions (prompt + generated tokens) the model was built for; None when its config does not say."""
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
 def load_model(cfg: DictConfig, device: torch.device):
     """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,7 +130,10 @@ def load_model(cfg: DictConfig, device: torch.device):
     except OSError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise MissingArtifactError(f"cannot load model '{source}' ({reason}); fix: {cfg.install_hint}") from err
-    if cfg.get("chat_template"):
-        tokenizer.chat_template = cfg.chat_template
+    prompt_format = set_prompt_format(tokenizer, cfg.get("prompt_format", "auto"), cfg.get("chat_template"))
+    if prompt_format == "plain" and cfg.get("prompt_format", "auto") == "auto":
+        print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
+              f"('User: ...\\n\\nAssistant:', README: Prompts); set model.chat_template=... or model.prompt_format=raw "
+              f"to change it", file=sys.stderr)
     model.to(device).eval()
     return model, tokenizer

@@ -21,10 +21,11 @@ from tqdm import tqdm
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.gpu import GpuMonitor
 from bench.metrics import summarize
-from bench.models import PROJECT_ROOT, eos_token_ids, load_model, resolve_device
+from bench.models import PROJECT_ROOT, context_window, eos_token_ids, load_model, resolve_device
 from bench.records import AnswerFile, answer_record, config_key
 from bench.sampling import SamplingConfig
 from bench.timing import timed
+from bench.validate import validate
 from tasks import build_prompt, load_questions
 
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "mean_accepted_tokens",
@@ -51,17 +52,31 @@ def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingCo
     return cls(target=model, tokenizer=tokenizer, **knobs)
 
 
-class QuestionDecoder:
-    """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers."""
+class PromptTooLong(Exception):
+    """A turn's prompt plus gen.max_new_tokens does not fit in the model's context window."""
 
-    def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device):
-        self.engine, self.tokenizer, self.stop, self.device = engine, tokenizer, stop, device
+
+def check_fits(prompt: list[int], max_new_tokens: int, context: int | None, turn: int = 0) -> None:
+    """Raise PromptTooLong when prompt + max_new_tokens exceeds the context window (None: unknown, no limit)."""
+    if context is not None and len(prompt) + max_new_tokens > context:
+        raise PromptTooLong(f"turn {turn + 1}: prompt of {len(prompt)} tokens + gen.max_new_tokens={max_new_tokens} "
+                            f"> the model's context window of {context} tokens")
+
+
+class QuestionDecoder:
+    """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
+    Raises PromptTooLong before a turn that would not fit in `context` tokens."""
+
+    def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device,
+                 context: int | None = None):
+        self.engine, self.tokenizer, self.stop, self.device, self.context = engine, tokenizer, stop, device, context
 
     def __call__(self, question: dict, seed: int) -> list[dict]:
         conversation, turns = [], []
         for index, user_turn in enumerate(question["turns"]):
             conversation.append({"role": "user", "content": user_turn})
             prompt = build_prompt(self.tokenizer, conversation)
+            check_fits(prompt, self.stop.max_new_tokens, self.context, index)
             with timed(self.device) as elapsed:
                 out = self.engine.generate(prompt, self.stop, seed=seed + index)
             text = self.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
@@ -129,8 +144,10 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
 
 
 def run(cfg: DictConfig) -> pd.DataFrame:
-    """Run `cfg.method` on `cfg.task`; writes answers.jsonl, baseline.jsonl, summary.csv, meta.json to out_dir."""
+    """Run `cfg.method` on `cfg.task`; writes answers.jsonl, baseline.jsonl, summary.csv, meta.json to out_dir, and
+    skipped.jsonl for questions too long for the model's context window. Returns the summary (None: no answers)."""
     started = time.time()
+    validate(cfg)
     device = resolve_device(cfg.device)
     out_dir = Path(cfg.out_dir)
     model, tokenizer = load_model(cfg.model, device)
@@ -140,9 +157,11 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                          tuple(cfg.gen.stop_strings), tokenizer)
     method = cfg.method.name
     is_vanilla = cfg.method.get("drafter") is None
+    context = context_window(model)
+    plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
     decode = QuestionDecoder(SpeculativeEngine(model, build_drafter(cfg.method, model, tokenizer, sampling), sampling),
-                             tokenizer, stop, device)
-    vanilla = decode if is_vanilla else QuestionDecoder(SpeculativeEngine(model, None, sampling), tokenizer, stop, device)
+                             tokenizer, stop, device, context)
+    vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context)
 
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
                "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
@@ -152,15 +171,17 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                             artifact=getattr(decode.engine.drafter, "artifact", None))  # drafts' weights or datastore
     answers = AnswerFile(out_dir / "answers.jsonl", method_key, strict=True)
     baselines = answers if is_vanilla else AnswerFile(out_dir / "baseline.jsonl", baseline_key, strict=False)
+    skipped = AnswerFile(out_dir / "skipped.jsonl", method_key, strict=False)  # prompts too long for the model
     with_baseline = cfg.baseline and not is_vanilla
-    todo = [q for q in questions if q["question_id"] not in answers]
+    todo = [q for q in questions if q["question_id"] not in answers and q["question_id"] not in skipped]
     gpu = GpuMonitor(device)
 
-    if todo:  # warm-up, untimed, so first-call costs do not land on the first question
+    warm_prompts = (build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
+    warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
+    if warm_prompt is not None and cfg.warmup_tokens:  # untimed, so first-call costs miss the first question
         warm_stop = StopCondition(cfg.warmup_tokens, stop.eos_token_ids)
-        prompt = build_prompt(tokenizer, [{"role": "user", "content": todo[0]["turns"][0]}])
         for decoder in {id(d): d for d in (decode, vanilla)}.values():
-            decoder.engine.generate(prompt, warm_stop, seed=cfg.seed)
+            decoder.engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
 
     try:
         bar = tqdm(todo, desc=f"{method} on {cfg.task.name}", unit="q", dynamic_ncols=True)
@@ -168,11 +189,17 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             seed = cfg.seed + question["question_id"]
             base_turns = None
             need_base = with_baseline and question["question_id"] not in baselines
-            if need_base and number % 2 == 0:  # alternate the order so neither side always runs second
-                base_turns = vanilla(question, seed)
-            turns = decode(question, seed)
-            if need_base and base_turns is None:
-                base_turns = vanilla(question, seed)
+            try:
+                if need_base and number % 2 == 0:  # alternate the order so neither side always runs second
+                    base_turns = vanilla(question, seed)
+                turns = decode(question, seed)
+                if need_base and base_turns is None:
+                    base_turns = vanilla(question, seed)
+            except PromptTooLong as err:
+                skipped.append({"question_id": question["question_id"], "category": question["category"],
+                                "run_key": skipped.run_key, "skipped": str(err)})
+                tqdm.write(f"skipped question {question['question_id']}: {err}")
+                continue
             if base_turns is not None:
                 baselines.append(answer_record(question, cfg.model.name, "vanilla", baseline_key, base_turns))
             record = answer_record(question, cfg.model.name, method, answers.run_key, turns)
@@ -192,10 +219,15 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         summary = summarize(method, list(answers.records.values()), baselines.records) if answers.records else None
         if summary is not None:
             summary.to_csv(out_dir / "summary.csv", index=False)
-        meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key}
+        meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key,
+                "skipped_questions": sorted(skipped.records)}
         (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"\n{method} on {cfg.task.name} ({cfg.model.name}, {cfg.model.dtype}, {device}) -> {out_dir}")
-    print(summary[SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if skipped.records:
+        print(f"skipped {len(skipped.records)} question(s) whose prompt + gen.max_new_tokens exceed the model's context "
+              f"window: {skipped.path}")
+    if summary is not None:
+        print(summary[SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return summary
 
 

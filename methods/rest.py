@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.datastore import SEPARATOR, Datastore
+from bench.datastore import SEPARATOR, Datastore, build_datastore, datastore_path, is_built
 from bench.models import artifact_fingerprint
 from bench.tree import DraftTree
 
@@ -47,13 +47,19 @@ def frequent_prefix_trie(continuations: np.ndarray, num_draft: int) -> tuple[lis
 
 
 class RestDrafter:
-    """Drafts the trie of what followed the context's longest suffix found in the datastore (up to `num_draft` nodes)."""
+    """Drafts the trie of what followed the context's longest suffix found in the datastore (up to `num_draft` nodes).
 
-    def __init__(self, target=None, tokenizer=None, *, datastore_path: str, num_draft: int = 64,
+    `datastore`: conf/datastore/*.yaml as a dict (`path`; with `auto_build` true, a missing datastore is first built
+    from the corpus settings there, with the target's tokenizer; else its absence is refused, naming build_command).
+    """
+
+    def __init__(self, target=None, tokenizer=None, *, datastore: dict, num_draft: int = 64,
                  max_token_span: int = 16, max_matches: int = 5000, draft_length: int = 10,
                  build_command: str = "python -m bench.datastore model=<model>"):
-        self.datastore = Datastore.load(datastore_path, build_command)
-        self.artifact = artifact_fingerprint(datastore_path)  # identifies the datastore in run keys
+        if datastore.get("auto_build") and not is_built(datastore["path"]):
+            build_datastore(tokenizer, datastore)
+        self.datastore = Datastore.load(datastore["path"], build_command)
+        self.artifact = artifact_fingerprint(datastore_path(datastore["path"]))  # identifies it in run keys
         self.num_draft, self.max_token_span = num_draft, max_token_span
         self.max_matches, self.draft_length = max_matches, draft_length
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from bench.engine import StepResult
+from bench.kvcache import new_cache
 from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
@@ -120,7 +121,7 @@ class DraftModelDrafter:
     @torch.inference_mode()
     def start(self, prompt_ids: list[int]) -> None:
         self.num_draft_tokens = self.initial_draft_tokens
-        self.cache = DynamicCache(config=self.draft.config)
+        self.cache = new_cache()
         self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
 
     @torch.inference_mode()

@@ -55,8 +55,37 @@ def load_questions(cfg: DictConfig) -> list[dict]:
     return questions
 
 
+PROMPT_FORMATS = ("auto", "plain", "raw")
+# The plain format, for models without a chat template: "User: <turn>\n\nAssistant: <answer>\n\n...Assistant:".
+PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize + ': ' + m['content'] + '\\n\\n' }}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+# The raw format: the turns as they are, joined by blank lines; the model continues the last one.
+RAW_TEMPLATE = "{% for m in messages %}{{ ('\\n\\n' if not loop.first else '') + m['content'] }}{% endfor %}"
+
+
+def set_prompt_format(tokenizer, prompt_format: str = "auto", chat_template: str | None = None) -> str:
+    """Give `tokenizer` the chat template that build_prompt renders with; returns which format that is.
+
+    raw: RAW_TEMPLATE. Otherwise `chat_template` when given, else (auto) the tokenizer's own template, else the
+    plain format. The plain and raw formats start with the BOS token where the tokenizer adds one to plain text.
+    """
+    if prompt_format == "raw":
+        template = RAW_TEMPLATE
+    elif chat_template:
+        tokenizer.chat_template = chat_template
+        return "chat_template"
+    elif prompt_format == "auto" and tokenizer.chat_template:
+        return "chat"
+    else:
+        template, prompt_format = PLAIN_TEMPLATE, "plain"
+    adds_bos = tokenizer.bos_token_id is not None and tokenizer("x").input_ids[:1] == [tokenizer.bos_token_id]
+    tokenizer.chat_template = ("{{ bos_token }}" if adds_bos else "") + template
+    return prompt_format
+
+
 def build_prompt(tokenizer, conversation: list[dict]) -> list[int]:
-    """Token ids of a chat so far, rendered with the model's chat template, ready for the assistant's reply."""
+    """Token ids of a chat so far, rendered with the tokenizer's chat template (see set_prompt_format), ready for
+    the assistant's reply."""
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids
 

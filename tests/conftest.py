@@ -1,32 +1,50 @@
-"""Shared fixtures: a tiny randomly initialised Llama (fast tier) and the real SmolLM2 (marked `real_model`)."""
+"""Shared fixtures: tiny randomly initialised models, Llama and sliding-window ones (fast tier), and the real SmolLM2
+(marked `real_model`); the independent oracle, transformers' `generate`."""
 from __future__ import annotations
 
 import functools
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM)
 
 from bench.engine import SpeculativeEngine, StopCondition
 
 VOCAB = 96
+WINDOW = 4  # attention window of the windowed tiny models, shorter than every test prompt
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.5)
+ARCHITECTURES = {  # name: (config class, model class, extra config)
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": WINDOW}),  # every layer windowed
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM,  # windowed and full layers
+               {"sliding_window": WINDOW, "head_dim": 16, "layer_types": ["sliding_attention", "full_attention"]}),
+}
 
 
-def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
-    """A 2-layer Llama with large random weights so its argmax has no near-ties; float64 rules out rounding flips."""
+def tiny_config(arch: str = "llama", **overrides):
+    config_class, _, extra = ARCHITECTURES[arch]
+    return config_class(**{**TINY, **extra, **overrides})
+
+
+def make_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, arch: str = "llama"):
+    """A 2-layer model with large random weights so its argmax has no near-ties; float64 rules out rounding flips."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.5, eos_token_id=None,
-        bos_token_id=None, pad_token_id=None,
-    )
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    return model
+    config = tiny_config(arch, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    return ARCHITECTURES[arch][1](config).to(dtype).eval()
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
     return make_tiny_model()
+
+
+@pytest.fixture(scope="session", params=["mistral", "gemma3"])
+def windowed_model(request):
+    """Tiny models with sliding-window attention (window WINDOW): Mistral-style (every layer) and Gemma-3-style
+    (one windowed, one full layer)."""
+    return make_tiny_model(arch=request.param)
 
 
 @pytest.fixture(scope="session")
@@ -39,11 +57,31 @@ def vanilla_tokens(model, prompt: list[int], max_new_tokens: int, eos: frozenset
     return SpeculativeEngine(model).generate(prompt, StopCondition(max_new_tokens, eos)).tokens
 
 
+@torch.inference_mode()
+def generate_tokens(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int] = frozenset()) -> list[int]:
+    """The independent oracle: transformers' own greedy `generate` (its own cache and masks), with a fresh generation
+    config so that nothing but `eos` stops it early."""
+    eos_ids = sorted(eos) or None
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                              pad_token_id=eos_ids[0] if eos_ids else None)
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     from tests.tiny_checkpoint import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def base_checkpoint(tmp_path_factory):
+    """A tiny base model without a chat template, with sliding-window attention (see tests/tiny_checkpoint.py)."""
+    from tests.tiny_checkpoint import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gemma3"), base_model=True)
 
 
 def tiny_overrides(checkpoint, out_dir) -> list[str]:
@@ -57,8 +95,8 @@ def compose(tiny_checkpoint, tmp_path):
     """compose(*overrides) -> the CLI's config for the tiny checkpoint, writing to a fresh out_dir."""
     from bench.run import compose_config
 
-    def _compose(*overrides: str):
-        return compose_config(*tiny_overrides(tiny_checkpoint, tmp_path / "run"), *overrides)
+    def _compose(*overrides: str, checkpoint=tiny_checkpoint):
+        return compose_config(*tiny_overrides(checkpoint, tmp_path / "run"), *overrides)
 
     return _compose
 

@@ -5,13 +5,15 @@ import functools
 
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.run import compose_config, eos_token_ids
-from tests.conftest import load_smollm2, spec_bench_prompts, vanilla_tokens
+from tests.conftest import generate_tokens, load_smollm2, spec_bench_prompts, vanilla_tokens
 
 
 def assert_lossless(model, drafter, prompt: list[int], max_new_tokens: int, eos=frozenset()):
-    """The drafter's greedy output equals plain decoding, token for token; returns the engine's TurnOutput."""
+    """The drafter's greedy output equals plain decoding and transformers' `generate`, token for token; returns
+    the engine's TurnOutput."""
     out = SpeculativeEngine(model, drafter).generate(prompt, StopCondition(max_new_tokens, frozenset(eos)))
     assert out.tokens == vanilla_tokens(model, prompt, max_new_tokens, frozenset(eos))
+    assert out.tokens == generate_tokens(model, prompt, max_new_tokens, frozenset(eos))
     return out
 
 

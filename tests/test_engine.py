@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, MambaConfig, RwkvConfig
 
 from bench.engine import SpeculativeEngine, StopCondition, keep_accepted_kv
+from bench.kvcache import UnsupportedModelError, new_cache
 from bench.tree import DraftTree
-from tests.conftest import VOCAB, vanilla_tokens
+from tests.conftest import VOCAB, generate_tokens, tiny_config, vanilla_tokens
 
 
 class ScriptedDrafter:
@@ -45,6 +46,15 @@ class ScriptedDrafter:
         self.steps.append((step.tree, step.acceptance.num_accepted_drafts))
 
 
+def test_vanilla_equals_transformers_generate(tiny_model, windowed_model, prompts):
+    """The engine's no-draft path against the independent oracle, also on windowed attention and with an EOS."""
+    for model in (tiny_model, windowed_model):
+        for prompt in prompts:
+            assert vanilla_tokens(model, prompt, 30) == generate_tokens(model, prompt, 30)
+    eos = frozenset({generate_tokens(tiny_model, prompts[1], 30)[13]})
+    assert vanilla_tokens(tiny_model, prompts[1], 30, eos) == generate_tokens(tiny_model, prompts[1], 30, eos)
+
+
 @pytest.mark.parametrize("mode", ["right", "wrong", "half", "tree"])
 def test_any_drafter_gives_vanilla_tokens(tiny_model, prompts, mode):
     for prompt in prompts:
@@ -60,6 +70,16 @@ def test_any_drafter_gives_vanilla_tokens(tiny_model, prompts, mode):
             assert max(accepted) == 2
         if mode in ("right", "tree"):
             assert max(accepted) == 4 and out.steps < 30 / 4 + 2
+
+
+@pytest.mark.parametrize("mode", ["right", "half", "tree"])
+def test_sliding_window_models_give_generates_tokens(windowed_model, prompts, mode):
+    """Prompts and answers longer than the attention window: accepted chains and trees leave the output unchanged."""
+    for prompt in prompts:
+        reference = generate_tokens(windowed_model, prompt, 30)
+        drafter = ScriptedDrafter(reference, len(prompt), mode)
+        out = SpeculativeEngine(windowed_model, drafter).generate(prompt, StopCondition(30))
+        assert out.tokens == reference and max(n for _, n in drafter.steps) >= 2
 
 
 def test_eos_stops_where_vanilla_stops(tiny_model, prompts):
@@ -96,17 +116,19 @@ def test_kv_cache_keeps_exactly_the_accepted_path(tiny_model, prompts):
         torch.testing.assert_close(got.values, want.values)
 
 
-def test_tree_logits_match_sequential_decoding(tiny_model, prompts):
-    """Every node's verifier logits equal those of decoding its path on its own (tree mask + positions)."""
-    prompt = prompts[0]
-    tree = DraftTree([5, 6, 7, 8, 9], [-1, -1, 0, 1, 1])
-    engine = SpeculativeEngine(tiny_model)
+@pytest.mark.parametrize("windowed", [False, True])
+def test_tree_logits_match_sequential_decoding(tiny_model, windowed_model, prompts, windowed):
+    """Every node's verifier logits equal those of decoding its path on its own (tree mask + positions); on
+    windowed attention, with paths reaching past the window."""
+    model, prompt = (windowed_model, prompts[1]) if windowed else (tiny_model, prompts[0])
+    tree = DraftTree([5, 6, 7, 8, 9, 10, 11], [-1, -1, 0, 1, 1, 4, 5])
+    engine = SpeculativeEngine(model)
     with torch.inference_mode():
-        cache = DynamicCache(config=tiny_model.config)
-        tiny_model(input_ids=torch.tensor([prompt]), cache=cache)
-        logits = tiny_model(**engine._verify_inputs(3, tree, len(prompt)), cache=cache).logits[0]
-        for node, path in enumerate([[5], [6], [5, 7], [6, 8], [6, 9]]):
-            full = tiny_model(input_ids=torch.tensor([prompt + [3] + path])).logits[0, -1]
+        cache = new_cache()
+        model(input_ids=torch.tensor([prompt]), cache=cache)
+        logits = model(**engine._verify_inputs(3, tree, len(prompt)), cache=cache).logits[0]
+        for node, path in enumerate([[5], [6], [5, 7], [6, 8], [6, 9], [6, 9, 10], [6, 9, 10, 11]]):
+            full = model(input_ids=torch.tensor([prompt + [3] + path])).logits[0, -1]
             torch.testing.assert_close(logits[node + 1], full)
 
 
@@ -148,3 +170,15 @@ def test_drafters_without_feature_layers_get_no_features(tiny_model, prompts):
     drafter.update = lambda step: seen.append(step.hidden)
     SpeculativeEngine(tiny_model, drafter).generate(prompts[0], StopCondition(8))
     assert seen and all(h is None for h in seen)
+
+
+@pytest.mark.parametrize("config, layer_type", [
+    (MambaConfig(vocab_size=VOCAB, hidden_size=16, state_size=4, num_hidden_layers=1), "'linear_attention'"),
+    (RwkvConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2), "recurrent state"),
+    (tiny_config("mistral", sliding_window=None, attention_chunk_size=8), "'chunked_attention'"),
+])
+def test_caches_that_cannot_be_cut_back_are_refused(config, layer_type):
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UnsupportedModelError) as error:
+        SpeculativeEngine(model)
+    assert layer_type in str(error.value) and "\n" not in str(error.value)

@@ -118,6 +118,14 @@ def test_greedy_output_equals_vanilla(tiny_model, prompts, one_thread):
             assert min(steps) < 40  # pooled n-grams got accepted
 
 
+def test_greedy_output_equals_vanilla_with_sliding_window(windowed_model, prompts, one_thread):
+    """Trees (and the Jacobi window's aux nodes) on a model with sliding-window attention, prompts and answers longer
+    than the window."""
+    knobs = {"window_size": 4, "ngram_size": 3, "guess_set_size": 4}
+    outs = [assert_lossless(windowed_model, LookaheadDrafter(**knobs), prompt, 40) for prompt in prompts]
+    assert min(out.steps for out in outs) < 40
+
+
 def test_config_builds_the_drafter_with_upstream_knobs(tiny_model):
     drafter = drafter_from_config("lookahead", tiny_model, None)
     assert isinstance(drafter, LookaheadDrafter) and (drafter.W, drafter.N, drafter.G) == (15, 5, 15)

@@ -76,6 +76,12 @@ def test_greedy_output_equals_vanilla(tiny_model, one_thread):
     assert max(out.accept_lengths) > 1
 
 
+def test_greedy_output_equals_vanilla_with_sliding_window(windowed_model, prompts, one_thread):
+    """Chains on a model with sliding-window attention, prompts and answers longer than the window."""
+    outs = [assert_lossless(windowed_model, PromptLookupDrafter(), prompt, 40) for prompt in prompts]
+    assert max(max(out.accept_lengths) for out in outs) > 1
+
+
 def test_config_builds_the_drafter_with_upstream_knobs(tiny_model):
     drafter = drafter_from_config("pld", tiny_model, None)
     assert isinstance(drafter, PromptLookupDrafter)

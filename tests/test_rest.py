@@ -7,6 +7,7 @@ import torch
 
 from bench.datastore import Datastore, read_json_array, sort_suffixes, write_datastore
 from bench.models import MissingArtifactError
+from bench.run import run
 from methods.rest import RestDrafter, frequent_prefix_trie
 from tests.conftest import VOCAB, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
@@ -56,7 +57,7 @@ def test_frequent_prefix_trie():
 
 
 def test_drafter_proposes_the_trie_of_retrieved_continuations(toy_store):
-    drafter = RestDrafter(datastore_path=str(toy_store), num_draft=64, draft_length=3)
+    drafter = RestDrafter(datastore={"path": str(toy_store)}, num_draft=64, draft_length=3)
     tree = drafter.propose([8, 2, 3], budget=100)
     assert (tree.tokens, tree.parents) == ([4, 9, 5, 9, 0, 6, 8], [-1, -1, 0, 1, 2, 2, 3])
     assert drafter.propose([8, 2, 3], budget=2).tokens == [4, 9]  # at most budget - 1 deep
@@ -65,7 +66,8 @@ def test_drafter_proposes_the_trie_of_retrieved_continuations(toy_store):
 
 def test_missing_datastore_names_path_and_build_command(tmp_path):
     with pytest.raises(MissingArtifactError) as error:
-        RestDrafter(datastore_path=str(tmp_path / "none.idx"), build_command="python -m bench.datastore model=m")
+        RestDrafter(datastore={"path": str(tmp_path / "none.idx"), "auto_build": False},
+                    build_command="python -m bench.datastore model=m")
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / "none.idx") in message
     assert message.endswith("python -m bench.datastore model=m")
@@ -73,12 +75,12 @@ def test_missing_datastore_names_path_and_build_command(tmp_path):
 
 def test_config_points_at_the_datastore_and_its_build_command(tiny_model, tmp_path):
     cfg = compose_method("rest", f"datastore.path={tmp_path}/x.idx")
-    assert cfg.method.drafter.datastore_path == f"{tmp_path}/x.idx"
+    assert cfg.method.drafter.datastore.path == f"{tmp_path}/x.idx" and cfg.method.drafter.datastore.auto_build
     assert cfg.method.drafter.build_command == (
         f"python -m bench.datastore model={cfg.model.name} datastore.path={tmp_path}/x.idx")
     assert (cfg.method.drafter.num_draft, cfg.method.drafter.max_token_span) == (64, 16)
     with pytest.raises(MissingArtifactError):
-        drafter_from_config("rest", tiny_model, None, f"datastore.path={tmp_path}/x.idx")
+        drafter_from_config("rest", tiny_model, None, f"datastore.path={tmp_path}/x.idx", "datastore.auto_build=false")
 
 
 def test_truncated_json_array_yields_the_complete_items():
@@ -93,7 +95,7 @@ def test_greedy_output_equals_vanilla(tiny_model, prompts, tmp_path, one_thread)
     own = [prompt[-4:] + vanilla_tokens(tiny_model, prompt, 40) for prompt in prompts[:2]]
     path = write_datastore(tmp_path / "own.idx", noise + own, sort_depth=16)
     for prompt in prompts:
-        out = assert_lossless(tiny_model, RestDrafter(datastore_path=str(path)), prompt, 40)
+        out = assert_lossless(tiny_model, RestDrafter(datastore={"path": str(path)}), prompt, 40)
         if prompt in prompts[:2]:
             assert out.steps < 10  # 40 tokens, mostly retrieved 10 at a time
 
@@ -108,8 +110,6 @@ def test_smollm2_summarization_equals_vanilla(tmp_path):
 
 
 def test_resuming_after_the_datastore_was_rebuilt_is_refused(compose, tmp_path):
-    from bench.run import run
-
     store = write_datastore(tmp_path / "store.idx", TURNS, sort_depth=4)
     args = ("method=rest", f"datastore.path={store}", "task=qa", "task.limit=1", "baseline=false")
     run(compose(*args))
@@ -117,3 +117,17 @@ def test_resuming_after_the_datastore_was_rebuilt_is_refused(compose, tmp_path):
     write_datastore(store, TURNS[:2], sort_depth=4)
     with pytest.raises(ValueError, match="other settings"):
         run(compose(*args, "task.limit=3"))
+
+
+def test_a_missing_datastore_is_built_on_first_use(compose, tmp_path, capsys):
+    """`python -m bench method=rest` on a fresh machine: the datastore is built (here from 20 conversations, with the
+    target's tokenizer), the run says where it went, and the next run reuses it."""
+    store = tmp_path / "auto.idx"
+    args = ("method=rest", f"datastore.path={store}", "datastore.max_conversations=20", "task=qa", "task.limit=1")
+    run(compose(*args))
+    captured = capsys.readouterr()
+    assert f"building REST datastore {store} from " in captured.out and f"wrote {store}" in captured.out
+    assert "tokenizing" in captured.err  # the progress bar
+    assert Datastore.load(store).tokens.size > 1000
+    run(compose(*args, "task.limit=2"))
+    assert "building REST datastore" not in capsys.readouterr().out

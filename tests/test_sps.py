@@ -46,6 +46,14 @@ def test_greedy_sps_equals_vanilla(tiny_model, prompts, drafts, draft, adaptive,
             assert out.steps < 30 / 3
 
 
+def test_greedy_sps_with_sliding_window(windowed_model, prompts, one_thread):
+    """Target and draft (a one-layer slice) with sliding-window attention, prompts longer than the window."""
+    drafter = Recorder(windowed_model, draft_model=slice_target(windowed_model, [0]), num_draft_tokens=3)
+    for prompt in prompts:
+        assert_lossless(windowed_model, drafter, prompt, 30)
+    assert max(accepted for _, _, accepted in drafter.log) > 0
+
+
 def test_draft_cache_holds_exactly_the_accepted_context(tiny_model, prompts, drafts, one_thread):
     """After a turn the draft's KV cache equals a fresh prefill of the context it claims to hold."""
     prompt = prompts[2]

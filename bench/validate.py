@@ -1,0 +1,57 @@
+"""Settings checked before anything is loaded: one line per bad value, naming the key and what it accepts."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from bench.models import DTYPES
+from tasks import PROMPT_FORMATS
+
+
+class ConfigError(ValueError):
+    """Values a run cannot use; the message has one line per problem (`python -m bench` exits with status 2)."""
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _device(value) -> bool:
+    import torch
+
+    if value == "auto":
+        return True
+    try:
+        return torch.device(value).type in ("cpu", "cuda", "mps")
+    except (RuntimeError, TypeError):
+        return False
+
+
+# key, test, what the key accepts. Keys absent from a config (older model YAMLs, say) are not checked.
+RULES = [
+    ("gen.temperature", lambda v: _real(v) and v >= 0, "a number >= 0 (0 = greedy)"),
+    ("gen.top_p", lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1] (1 = no top-p filter)"),
+    ("gen.top_k", lambda v: _integer(v) and v >= 0, "an integer >= 0 (0 = no top-k filter)"),
+    ("gen.max_new_tokens", lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    ("task.limit", lambda v: v is None or (_integer(v) and v >= 1), "an integer >= 1, or null for every question"),
+    ("repeats", lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    ("warmup_tokens", lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    ("model.dtype", lambda v: v in DTYPES, "one of " + ", ".join(DTYPES)),
+    ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
+    ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
+]
+_ABSENT = object()
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError listing every value of `cfg` that RULES rejects."""
+    problems = []
+    for key, accepts, allowed in RULES:
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is not _ABSENT and not accepts(value):
+            problems.append(f"{key}={value}: must be {allowed}")
+    if problems:
+        raise ConfigError("\n".join(problems))
