@@ -189,7 +189,11 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if cfg.train.get("recipe") is not None:
+    if cfg.train.get("backend", "native") == "modelopt":  # NVIDIA ModelOpt's Medusa (optional extra)
+        from methods.modelopt import train_modelopt_medusa
+
+        train_modelopt_medusa(cfg)
+    elif cfg.train.get("recipe") is not None:
         train_heads(cfg, hydra.utils.instantiate(cfg.train.recipe))
     else:
         train(cfg)

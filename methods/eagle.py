@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
+from bench.kvcache import new_cache
 from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.sampling import SamplingConfig, logits_to_probs
 from bench.tree import DraftTree
@@ -181,7 +182,7 @@ class EagleDrafter:
     # --- the head's view of the accepted context ---------------------------------------------------------------
 
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        self.cache = DynamicCache(config=self.head.body.config)
+        self.cache = new_cache()  # plain layers: the tree rows can be cropped off again
         self.pending = hidden  # [m, H] target features not yet fed to the head (positions cache_len .. +m-1)
 
     def update(self, step) -> None:

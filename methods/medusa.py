@@ -98,7 +98,9 @@ def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocab
                             private_vocab_size=lm_head.weight.shape[0])
         heads.load_state_dict(_from_upstream_keys(state, config.get("medusa_num_layers", 1)))
         vocab = DraftVocabulary(lm_head)
-    elif (folder / "modelopt_state.pth").exists() or config.get("modelopt"):
+    elif folder.is_file() or any((folder / f).exists() for f in ("modelopt_medusa.pth", "modelopt_state.pth")):
+        # NVIDIA ModelOpt: an mto.save file (train.backend=modelopt names it modelopt_medusa.pth), or a
+        # save_pretrained folder with ModelOpt's modelopt_state.pth beside the weights
         from methods.modelopt import load_modelopt_medusa
 
         heads, vocab = load_modelopt_medusa(folder, target)

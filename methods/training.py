@@ -178,8 +178,12 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
     out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
-    weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
-    save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights, card)
+    if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/modelopt.py: mto.save)
+        recipe.save(out_dir, module, card)
+    else:
+        weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
+        save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights,
+                   card)
     print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "final_loss", "draft_vocab_size",
                                            "heldout_vocab_coverage", "heldout_agreement")}))
     print(f"{recipe.method} heads saved to {out_dir}")
