@@ -30,6 +30,7 @@ from bench.models import MissingArtifactError, artifact_fingerprint, resolve_art
 from bench.sampling import SamplingConfig, logits_to_probs
 from bench.tree import DraftTree
 from methods.heads import DraftVocabulary, read_heads
+from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
 
@@ -155,7 +156,7 @@ class EagleDrafter:
 
     feature_layers = (-1,)
 
-    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: list[list[int]] | None = None,
+    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  total_token: int = 60, depth: int = 5, top_k: int = 10, sampling: SamplingConfig | None = None,
                  seed: int | None = None, head: EagleHead | None = None, vocab: DraftVocabulary | None = None):
         if head is None:
@@ -166,6 +167,7 @@ class EagleDrafter:
         self.embed = target.get_input_embeddings()
         self.sampling = sampling or SamplingConfig()
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        choices = resolve_choices(choices)
         if choices is not None:  # EAGLE-1: children per node from the choices list, by path
             paths = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
             self.static_children: dict[tuple, int] | None = {}

@@ -23,6 +23,7 @@ from torch import nn
 from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.tree import DraftTree
 from methods.heads import DraftVocabulary, ResBlock, read_heads
+from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
 
@@ -141,14 +142,14 @@ class MedusaDrafter:
 
     feature_layers = (-1,)
 
-    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: list[list[int]] | None = None,
+    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
         if heads is None:
             heads, vocab, self.artifact = load_medusa(checkpoint, target)
         else:
             self.artifact = None
         self.heads, self.vocab = heads, vocab or DraftVocabulary(target.get_output_embeddings())
-        choices = list(choices or [[0] * d for d in range(1, heads.num_heads + 1)])[:tree_size]
+        choices = (resolve_choices(choices) or [[0] * d for d in range(1, heads.num_heads + 1)])[:tree_size]
         self.template, node_heads, node_ranks = tree_from_choices(choices)
         if int(node_heads.max()) >= heads.num_heads:
             raise ValueError(f"the Medusa tree is {int(node_heads.max()) + 1} deep but the checkpoint has "

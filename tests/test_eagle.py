@@ -5,17 +5,17 @@ import json
 
 import pytest
 import torch
-import yaml
 from transformers import DynamicCache
 
 from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import MissingArtifactError, PROJECT_ROOT
+from bench.models import MissingArtifactError
 from methods.eagle import EagleDrafter, EagleHead, load_eagle
 from methods.heads import DraftVocabulary, save_heads
+from methods.trees import TREES
 from tests.conftest import VOCAB
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 
-EAGLE_7B_25 = yaml.safe_load((PROJECT_ROOT / "conf" / "method" / "eagle.yaml").read_text())["trees"]["eagle_7b_25"]
+EAGLE_7B_25 = TREES["eagle_7b_25"]
 
 
 def random_head(model, seed: int = 0) -> EagleHead:

@@ -104,3 +104,18 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
     target, _ = load_model(cfg.model, torch.device("cpu"))
     drafter = EagleDrafter(target, checkpoint=str(out_dir), total_token=6, depth=3, top_k=2)
     assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
+
+
+def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.hydra import HydraDrafter, HydraRecipe
+    from methods.training import train_heads
+    from tests.method_checks import assert_lossless
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")
+    out_dir = train_heads(cfg, HydraRecipe())
+    card = json.loads((out_dir / "card.json").read_text())
+    assert card["method"] == "hydra" and [h["head"] for h in card["heldout_agreement"]] == [0, 1, 2]
+    cfg.model.dtype = "float64"
+    target, _ = load_model(cfg.model, torch.device("cpu"))
+    assert_lossless(target, HydraDrafter(target, checkpoint=str(out_dir), choices="mc_sim_7b_63", tree_size=12),
+                    [5, 6, 7, 8, 9, 10], 20)

@@ -5,15 +5,15 @@ import json
 
 import pytest
 import torch
-import yaml
 
-from bench.models import MissingArtifactError, PROJECT_ROOT
+from bench.models import MissingArtifactError
 from methods.heads import DraftVocabulary, save_heads
 from methods.medusa import MedusaDrafter, MedusaHeads, load_medusa, tree_from_choices
+from methods.trees import TREES
 from tests.conftest import VOCAB
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 
-MC_SIM_7B_63 = yaml.safe_load((PROJECT_ROOT / "conf" / "method" / "medusa.yaml").read_text())["trees"]["mc_sim_7b_63"]
+MC_SIM_7B_63 = TREES["mc_sim_7b_63"]
 
 
 def random_heads(hidden_size: int, num_heads: int = 4, seed: int = 0, private_vocab_size: int | None = None):

@@ -1,0 +1,31 @@
+"""Named draft trees, as lists of choices: a node is the path of top-k ranks from the root ([0, 1] = the best token
+at depth 1, then the second best under it). Parents must be listed too; every prefix of these lists is a tree.
+Configs name them (`choices: mc_sim_7b_63`) or give a list."""
+from __future__ import annotations
+
+TREES: dict[str, list[list[int]]] = {
+    # Medusa's default for 7B models (63 nodes, depth 4, top-10 per head), as Spec-Bench runs Medusa and Hydra.
+    "mc_sim_7b_63": [
+        [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5],
+        [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9],
+        [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1],
+        [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0],
+        [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0],
+        [0, 0, 0, 1], [1, 6], [0, 7, 0]
+    ],
+    # EAGLE's own 25-node, depth-5 tree for 7B models (also named mc_sim_7b_63 in EAGLE's and Spec-Bench's code).
+    "eagle_7b_25": [
+        [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0], [0, 0, 1],
+        [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]
+    ],
+}
+
+
+def resolve_choices(choices: str | list | None) -> list[list[int]] | None:
+    """A tree's choices from its name in TREES, or as given."""
+    if isinstance(choices, str):
+        if choices not in TREES:
+            raise ValueError(f"unknown tree '{choices}'; name one of {sorted(TREES)} or give a list of choices")
+        return TREES[choices]
+    return None if choices is None else [list(c) for c in choices]
