@@ -238,7 +238,8 @@ class EagleDrafter:
             count = self._child_count(frontier, paths)
             if count == 0:
                 break
-            positions, logq, q = self._children(self.vocab(frontier_features), count)  # [f, count]
+            positions, logq, q = self._children(self.vocab(frontier_features), min(count, self.vocab.size))
+            count = positions.shape[1]  # [f, count]: fewer where q has fewer nonzero tokens
             cumulative = frontier_scores[:, None] + logq
             new_nodes = self._select(frontier, paths, cumulative, count)  # [(frontier row, rank)]
             if not new_nodes:

@@ -168,3 +168,61 @@ def test_sps_samples_the_target_distribution(small_pair, monkeypatch):
     counts, _ = sps_counts(target, draft, 800)
     statistic, critical = chi_square(counts, exact)
     assert statistic > critical, "the statistical test failed to catch resampling from p instead of the residual"
+
+
+# --- trees whose siblings were drawn without replacement (EAGLE under sampling), and Medusa/EAGLE end to end ------
+
+
+def independent_siblings_rule(logits, tree, cfg, generator) -> Acceptance:
+    """A subtle bug: the right rule, but blind to how the siblings were drawn (q not renormalised after a rejection)."""
+    tree = DraftTree(tree.tokens, tree.parents, tree.draft_probs, "independent")
+    return speculative_sampling_accept(logits, tree, cfg, generator)
+
+
+@pytest.mark.parametrize("rule, lossless", [(speculative_sampling_accept, True), (independent_siblings_rule, False)])
+def test_siblings_drawn_without_replacement_follow_p(rule, lossless):
+    """Three children of the root drawn from a peaked q without replacement: the first emitted token is still ~ p."""
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    q = torch.tensor([0.6, 0.3, 0.05, 0.05])
+    logits = as_logits(p.tolist(), *[p.tolist()] * 3)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4, dtype=torch.float64)
+    for _ in range(4000):
+        drawn = torch.multinomial(q, 3, replacement=False, generator=generator).tolist()
+        tree = DraftTree(drawn, [-1, -1, -1], q.expand(3, -1).clone(), "without_replacement")
+        counts[rule(logits, tree, T1, generator).tokens[0]] += 1
+    statistic, critical = chi_square(counts, p.double())
+    assert (statistic < critical) == lossless, (statistic, critical)
+
+
+def tree_counts(target, drafter, runs: int) -> tuple[torch.Tensor, list[int]]:
+    engine = SpeculativeEngine(target, drafter, T1)
+    counts, accept_lengths = torch.zeros(VOCAB, dtype=torch.float64), []
+    for seed in range(runs):
+        out = engine.generate(PROMPT, StopCondition(POSITION + 3), seed=seed)
+        counts[out.tokens[POSITION]] += 1
+        accept_lengths += out.accept_lengths[1:]
+    return counts, accept_lengths
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle2"])
+def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
+    """A Medusa tree (deterministic top-k siblings) and an EAGLE-2 tree (siblings sampled without replacement) on
+    random heads: the token at POSITION follows the target's exact distribution."""
+    from methods.eagle import EagleDrafter, EagleHead
+    from methods.medusa import MedusaDrafter, MedusaHeads
+
+    target, _ = small_pair
+    torch.manual_seed(0)
+    if method == "medusa":
+        heads = MedusaHeads(32, 2).double()
+        for p in heads.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        drafter = MedusaDrafter(target, choices=[[0], [1], [0, 0], [0, 1], [1, 0]], heads=heads)
+    else:
+        drafter = EagleDrafter(target, head=EagleHead(target.config).double().eval(), total_token=7, depth=3, top_k=2,
+                               sampling=T1, seed=0)
+    counts, accept_lengths = tree_counts(target, drafter, 800)
+    statistic, critical = chi_square(counts, exact_distribution(target, PROMPT, POSITION, T1))
+    assert statistic < critical, (statistic, critical)
+    assert max(accept_lengths) >= 2  # drafted tokens were accepted, not only bonus tokens
