@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -54,6 +55,35 @@ def read_jsonl(path: Path) -> list[dict]:
     return [record for _, record in parse_records(path.read_text())] if path.exists() else []
 
 
+def set_aside_cut_lines(path: Path) -> str:
+    """Move lines that are not JSON (cut off by an interrupted run: their questions are redone) to `<path>.partial`,
+    appending, so the file stays valid JSONL for Spec-Bench's scripts; says so once. Returns the clean text."""
+    text = path.read_text()
+    kept, cut = [], []
+    for line in filter(str.strip, text.splitlines()):
+        (kept if _is_json(line) else cut).append(line + "\n")
+    if not text or (not cut and text.endswith("\n")):
+        return text
+    if cut:
+        partial = path.with_name(path.name + ".partial")
+        with partial.open("a") as f:
+            f.write("".join(cut))
+        print(f"note: moved {len(cut)} cut-off line(s) of {path} (an interrupted run) to {partial}; their questions "
+              f"are decoded again", file=sys.stderr)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+    return "".join(kept)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 class AnswerFile:
     """A JSONL file of answer records; `strict` refuses records written under another run key."""
 
@@ -61,11 +91,8 @@ class AnswerFile:
         self.path, self.run_key = path, run_key
         self.records: dict[int, dict] = {}
         if path.exists():
-            text = path.read_text()
-            if text and not text.endswith("\n"):  # finish a line cut off by an interrupted run
-                with path.open("a") as f:
-                    f.write("\n")
-            for line_no, record in parse_records(text):  # a line cut off by an interrupted run: that question is redone
+            text = set_aside_cut_lines(path)
+            for line_no, record in parse_records(text):
                 if record.get("run_key") == run_key:
                     self.records[record["question_id"]] = record
                 elif strict:

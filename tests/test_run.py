@@ -38,15 +38,19 @@ def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
     assert {"git_commit", "torch", "transformers", "device_name", "host"} <= meta.keys()
 
 
-def test_rerun_resumes_instead_of_redoing(compose, tmp_path):
+def test_rerun_resumes_instead_of_redoing_and_sets_a_cut_off_line_aside(compose, tmp_path, capsys):
     run(compose("task=qa", "task.limit=2"))
-    first = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    with open(tmp_path / "run" / "answers.jsonl", "a") as f:
+    path = tmp_path / "run" / "answers.jsonl"
+    first = read_jsonl(path)
+    with open(path, "a") as f:
         f.write('{"question_id": 999, "cut off mid-li')  # an interrupted write
     run(compose("task=qa", "task.limit=3"))
-    after = read_jsonl(tmp_path / "run" / "answers.jsonl")
+    lines = path.read_text().splitlines()
+    after = [json.loads(line) for line in lines]  # every line parses, as Spec-Bench's evaluation/speed.py needs
     assert [a["answer_id"] for a in after[:2]] == [a["answer_id"] for a in first]
     assert len(after) == 3 and after[2]["question_id"] not in {a["question_id"] for a in first}
+    assert (tmp_path / "run" / "answers.jsonl.partial").read_text() == '{"question_id": 999, "cut off mid-li\n'
+    assert capsys.readouterr().err.count("moved 1 cut-off line(s)") == 1
 
 
 def test_other_settings_in_same_out_dir_are_refused(compose):
