@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
+
 
 def config_key(**parts) -> str:
     """A short stable hash of whatever decides a run's outputs (model, dtype, prompts, generation settings...)."""
@@ -17,7 +19,8 @@ def config_key(**parts) -> str:
 
 
 def answer_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict]) -> dict:
-    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths."""
+    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths, and
+    where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads, available cores)."""
     return {
         "question_id": question["question_id"],
         "category": question["category"],
@@ -35,6 +38,7 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
                 "wall_time": [t["wall_time"] for t in turns],
                 "accept_lengths": [a for t in turns for a in t["accept_lengths"]],
                 "token_ids": [t["token_ids"] for t in turns],
+                **{key: [t[key] for t in turns] for key in TIMING_KEYS if key in turns[0]},
             }
         ],
     }
