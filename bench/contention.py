@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-DEFAULT_STARVATION_THRESHOLD = 0.5
+DEFAULT_STARVATION_THRESHOLD = 0.75  # one other job as busy as this one halves the share
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # "max 100000" or "<quota> <period>" (cgroup v2)
 ADVICE = ("time on a quiet machine, or set OMP_NUM_THREADS so that every job's threads together fit the cores "
           "(docs/metrics.md)")
