@@ -5,17 +5,24 @@
 - mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00).
 - accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
 - exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling).
+- speedup_ci_low / speedup_ci_high = 95% percentile interval of the speedup from a paired bootstrap over questions
+  (seeded; NaN under two paired questions). #MAT has none: under greedy decoding it is the same every run.
+- cpu_share / starved: bench.contention's starvation check over the method's and its paired vanilla's turns.
 Token counts come from generated ids, never from re-tokenised text.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
+from bench.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
 from tasks import task_of
 
 ACCEPT_POSITIONS = 5
+CI_LEVEL = 0.95
+BOOTSTRAP_SAMPLES = 2000
 
 
 def tokens_per_second(record: dict) -> float:
@@ -33,12 +40,36 @@ def decode_step_accepts(record: dict) -> list[int]:
     return accepts
 
 
-def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]) -> dict:
+def speedup_interval(speeds: np.ndarray, base_speeds: np.ndarray, samples: int = BOOTSTRAP_SAMPLES,
+                     seed: int = 0) -> tuple[float, float]:
+    """CI_LEVEL percentile interval of mean(speeds) / mean(base_speeds), resampling questions (as pairs) with
+    replacement `samples` times from a generator seeded with `seed`; NaNs under two pairs or with samples=0."""
+    if len(speeds) < 2 or samples < 1:
+        return math.nan, math.nan
+    picks = np.random.default_rng(seed).integers(0, len(speeds), size=(samples, len(speeds)))  # [samples, n]
+    ratios = speeds[picks].mean(axis=1) / base_speeds[picks].mean(axis=1)
+    tail = (1 - CI_LEVEL) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def speedup_text(speedup: float, low: float = math.nan, high: float = math.nan) -> str:
+    """`1.35x (1.21-1.49)`, or `1.35x` without an interval, or `—` without a speedup."""
+    if speedup is None or math.isnan(speedup):
+        return "—"
+    return f"{speedup:.2f}x" if math.isnan(low) else f"{speedup:.2f}x ({low:.2f}-{high:.2f})"
+
+
+def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict], threshold: float,
+         ci_samples: int, ci_seed: int) -> dict:
     new_tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
     steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in records)
     speed = sum(tokens_per_second(r) for r in records) / len(records)
-    paired = [baselines[r["question_id"]] for r in records if r["question_id"] in baselines]
-    base_speed = sum(tokens_per_second(b) for b in paired) / len(paired) if paired else math.nan
+    pairs = [(r, baselines[r["question_id"]]) for r in records if r["question_id"] in baselines]
+    paired = np.array([[tokens_per_second(r), tokens_per_second(b)] for r, b in pairs]).reshape(-1, 2)  # [n, 2]
+    base_speed = paired[:, 1].mean() if pairs else math.nan
+    low, high = speedup_interval(paired[:, 0], paired[:, 1], ci_samples, ci_seed)
+    share = cpu_share([*records, *(b for r, b in pairs if b is not r)])  # a vanilla run is its own baseline
     matches = [r["exact_match"] for r in records if r.get("exact_match") is not None]
     divergences = [r["divergence"] for r in records if r.get("divergence")]
     accepts = [a for r in records for a in decode_step_accepts(r)]
@@ -49,21 +80,29 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "new_tokens": new_tokens,
         "tokens_per_s": speed,
         "baseline_tokens_per_s": base_speed,
-        "speedup": speed / base_speed if paired else math.nan,
+        "speedup": speed / base_speed if pairs else math.nan,
+        "speedup_ci_low": low,
+        "speedup_ci_high": high,
         "mean_accepted_tokens": new_tokens / steps,
         "exact_match": sum(matches) / len(matches) if matches else math.nan,
         "numeric_ties": sum(bool(d.get("numeric_tie")) for d in divergences),
+        "cpu_share": share,
+        "starved": is_starved(share, threshold),
     }
     for k in range(1, ACCEPT_POSITIONS + 1):
         row[f"accept_rate_pos{k}"] = sum(a >= k for a in accepts) / len(accepts) if accepts else math.nan
     return row
 
 
-def summarize(method: str, records: list[dict], baselines: dict[int, dict]) -> pd.DataFrame:
-    """One row per task present in `records`, plus `overall`. `baselines` maps question_id to vanilla's record."""
+def summarize(method: str, records: list[dict], baselines: dict[int, dict], *,
+              starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD, ci_samples: int = BOOTSTRAP_SAMPLES,
+              ci_seed: int = 0) -> pd.DataFrame:
+    """One row per task present in `records`, plus `overall`. `baselines` maps question_id to vanilla's record;
+    ci_samples=0 skips the bootstrap."""
     by_task: dict[str, list[dict]] = {}
     for record in records:
         by_task.setdefault(task_of(record["category"]), []).append(record)
-    rows = [_row(method, task, rs, baselines) for task, rs in by_task.items()]
-    rows.append(_row(method, "overall", records, baselines))
+    settings = (starvation_threshold, ci_samples, ci_seed)
+    rows = [_row(method, task, rs, baselines, *settings) for task, rs in by_task.items()]
+    rows.append(_row(method, "overall", records, baselines, *settings))
     return pd.DataFrame(rows)

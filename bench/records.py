@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
 
 
 def config_key(**parts) -> str:
@@ -16,7 +19,8 @@ def config_key(**parts) -> str:
 
 
 def answer_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict]) -> dict:
-    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths."""
+    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths, and
+    where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads, available cores)."""
     return {
         "question_id": question["question_id"],
         "category": question["category"],
@@ -34,6 +38,7 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
                 "wall_time": [t["wall_time"] for t in turns],
                 "accept_lengths": [a for t in turns for a in t["accept_lengths"]],
                 "token_ids": [t["token_ids"] for t in turns],
+                **{key: [t[key] for t in turns] for key in TIMING_KEYS if key in turns[0]},
             }
         ],
     }
@@ -54,6 +59,35 @@ def read_jsonl(path: Path) -> list[dict]:
     return [record for _, record in parse_records(path.read_text())] if path.exists() else []
 
 
+def set_aside_cut_lines(path: Path) -> str:
+    """Move lines that are not JSON (cut off by an interrupted run: their questions are redone) to `<path>.partial`,
+    appending, so the file stays valid JSONL for Spec-Bench's scripts; says so once. Returns the clean text."""
+    text = path.read_text()
+    kept, cut = [], []
+    for line in filter(str.strip, text.splitlines()):
+        (kept if _is_json(line) else cut).append(line + "\n")
+    if not text or (not cut and text.endswith("\n")):
+        return text
+    if cut:
+        partial = path.with_name(path.name + ".partial")
+        with partial.open("a") as f:
+            f.write("".join(cut))
+        print(f"note: moved {len(cut)} cut-off line(s) of {path} (an interrupted run) to {partial}; their questions "
+              f"are decoded again", file=sys.stderr)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+    return "".join(kept)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 class AnswerFile:
     """A JSONL file of answer records; `strict` refuses records written under another run key."""
 
@@ -61,11 +95,8 @@ class AnswerFile:
         self.path, self.run_key = path, run_key
         self.records: dict[int, dict] = {}
         if path.exists():
-            text = path.read_text()
-            if text and not text.endswith("\n"):  # finish a line cut off by an interrupted run
-                with path.open("a") as f:
-                    f.write("\n")
-            for line_no, record in parse_records(text):  # a line cut off by an interrupted run: that question is redone
+            text = set_aside_cut_lines(path)
+            for line_no, record in parse_records(text):
                 if record.get("run_key") == run_key:
                     self.records[record["question_id"]] = record
                 elif strict:

@@ -8,8 +8,11 @@ naming the method and task) when:
   numeric tie (the target's top-2 logits within model.tie_margin; bench.run records it): batched verification and
   one-token decoding may round such a tie either way, so a tie is accepted and only counted;
 - mean accepted tokens falls below the baseline by more than --mat-tolerance (relative, default 2%);
-- speedup falls below the baseline by more than --speedup-tolerance (relative, default 30%: timings are noisy);
+- speedup falls below the baseline by more than --speedup-tolerance (relative, default 30%: timings are noisy),
+  and so does the top of its 95% interval (bench.metrics): a noisy run whose interval still reaches the floor
+  is a note, a real loss fails. Runs without an interval (one question, or older files) use the point figure;
 - a method x task of the baseline is missing from PATH (unless --allow-missing) or ran on another number of questions.
+A run timed while starved of CPU (bench.contention) is named in a note.
 `--update` writes the baseline from PATH instead (merging into an existing file), after the exact-match check.
 """
 from __future__ import annotations
@@ -26,9 +29,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.report import leaderboard, load_runs
+from bench.report import is_flagged, leaderboard, load_runs
 
 DEFAULT_TOLERANCES = {"mean_accepted_tokens": 0.02, "speedup": 0.30}
+NEWER_COLUMNS = ["speedup_ci_low", "speedup_ci_high", "cpu_share", "starved"]  # absent from older leaderboards
 
 
 class RegressError(Exception):
@@ -58,7 +62,7 @@ def current_board(path: Path) -> pd.DataFrame:
         board = leaderboard(runs)
     if board.empty:
         raise RegressError(f"the leaderboard under {path} has no rows")
-    board = board.copy()
+    board = board.reindex(columns=[*board.columns, *(c for c in NEWER_COLUMNS if c not in board.columns)])
     board["device"] = board.device.astype(str).str.split(":").str[0]
     board["diverged_questions"] = board.diverged_questions.fillna("").astype(str)
     return board
@@ -129,22 +133,44 @@ def compare(rows: pd.DataFrame, baseline: dict, tolerances: dict,
                                         f"on {int(expected['n_questions'])}: not comparable (same task.limit, or "
                                         f"--update)"))
                 continue
-            for metric, tolerance, name in (("mean_accepted_tokens", mat_tol, "mean accepted tokens"),
-                                            ("speedup", speed_tol, "speedup")):
-                want, got = expected.get(metric), getattr(row, metric)
-                if _nan(want) or _nan(got):
-                    continue
-                floor = want * (1 - tolerance)
-                if got < floor - 1e-9:
-                    findings.append(Finding(True, method, task,
-                                            f"{name} {got:.3f} < baseline {want:.3f} by {1 - got / want:.1%} "
-                                            f"(tolerance {tolerance:.0%}, floor {floor:.3f})"))
-                elif got > want * (1 + tolerance) + 1e-9:
-                    findings.append(Finding(False, method, task, f"{name} {got:.3f} > baseline {want:.3f} by "
-                                                                 f"{got / want - 1:.1%}: refresh it with --update?"))
+            mat = row.mean_accepted_tokens
+            findings += drop_findings(method, task, "mean accepted tokens", expected.get("mean_accepted_tokens"),
+                                      (mat, mat, mat), mat_tol)
+            interval = (row.speedup_ci_low, row.speedup_ci_high)
+            if any(_nan(v) for v in interval):  # one question, or a leaderboard written before intervals
+                interval = (row.speedup, row.speedup)
+            findings += drop_findings(method, task, "speedup", expected.get("speedup"),
+                                      (row.speedup, *interval), speed_tol)
+    for row in rows[(rows.task == "overall") & rows.starved.map(is_flagged)].itertuples():
+        findings.append(Finding(False, row.method, "overall", f"timed while starved of CPU (CPU share "
+                                                              f"{row.cpu_share:.0%}): its speedups are not to be trusted"))
     for method in sorted(set(rows.method) - set(baseline.get("methods", {}))):
         findings.append(Finding(False, method, "*", "not in the baseline (add it with --update)"))
     return findings
+
+
+def drop_findings(method: str, task: str, name: str, want: float | None, got: tuple[float, float, float],
+                  tolerance: float) -> list[Finding]:
+    """`got` = (figure, interval low, interval high) against the baseline's `want`: a failure when even the
+    interval's top lies below want x (1 - tolerance); a note when the figure alone does (a noisy run) or when the
+    whole interval lies above want x (1 + tolerance). A figure without an interval passes (got, got, got)."""
+    value, low, high = got
+    if _nan(want) or _nan(value):
+        return []
+    floor = want * (1 - tolerance)
+    drop = f"{name} {value:.3f} < baseline {want:.3f} by {1 - value / want:.1%}"
+    limits = f"(tolerance {tolerance:.0%}, floor {floor:.3f})"
+    has_interval = (low, high) != (value, value)
+    if high < floor - 1e-9:
+        also = f", and all of its 95% interval {low:.3f}-{high:.3f} lies below the floor" if has_interval else ""
+        return [Finding(True, method, task, f"{drop}{also} {limits}")]
+    if value < floor - 1e-9:
+        return [Finding(False, method, task, f"{drop}, but its 95% interval {low:.3f}-{high:.3f} reaches the floor "
+                                             f"{limits}: a noisy run, not failed")]
+    if low > want * (1 + tolerance) + 1e-9:
+        return [Finding(False, method, task, f"{name} {value:.3f} > baseline {want:.3f} by {value / want - 1:.1%}: "
+                                             f"refresh it with --update?")]
+    return []
 
 
 def baseline_entries(rows: pd.DataFrame) -> dict:

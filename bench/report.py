@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.metrics import ACCEPT_POSITIONS, decode_step_accepts, summarize
+from bench.contention import DEFAULT_STARVATION_THRESHOLD
+from bench.metrics import ACCEPT_POSITIONS, decode_step_accepts, speedup_text, summarize
 from bench.records import read_jsonl
 from tasks import task_of
 
@@ -91,6 +92,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             "git_commit": meta.get("git_commit"),
             "host": meta.get("host"),
             "limit": config.get("task", {}).get("limit"),
+            "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
             "method": method,
             "is_vanilla": is_vanilla,
             "method_config": json.dumps(method_cfg, sort_keys=True, default=str),
@@ -99,7 +101,8 @@ def load_runs(root: Path) -> pd.DataFrame:
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING, "torch", "transformers", "git_commit", "host", "limit",
-               "method", "is_vanilla", "method_config", "task", "question_id", "record", "baseline"]
+               "starvation_threshold", "method", "is_vanilla", "method_config", "task", "question_id", "record",
+               "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -165,9 +168,9 @@ def leaderboard(runs: pd.DataFrame) -> pd.DataFrame:
 def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     """leaderboard() of runs already reduced by select_latest, with their method_labels."""
     columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
-               "baseline_tokens_per_s", "speedup", "mean_accepted_tokens", "exact_match", "numeric_ties",
-               "exact_match_or_tie", "diverged_questions", *POSITION_COLUMNS, "n_tasks", "torch", "transformers",
-               "finished", "runs"]
+               "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
+               "exact_match", "numeric_ties", "exact_match_or_tie", "diverged_questions", "cpu_share", "starved",
+               *POSITION_COLUMNS, "n_tasks", "torch", "transformers", "finished", "runs"]
     if latest.empty:
         return pd.DataFrame(columns=columns)
     out = []
@@ -178,7 +181,8 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
             label = labels[setting, method_config]
             records = list(rows.record)
             own = {row.question_id: row.baseline for row in rows.itertuples() if row.baseline is not None}
-            summary = summarize(label, records, {**vanilla, **own})
+            summary = summarize(label, records, {**vanilla, **own},
+                                starvation_threshold=rows.starvation_threshold.max())
             for _, row in summary.iterrows():
                 chosen = rows if row.task == "overall" else rows[rows.task == row.task]
                 exact, diverged = _exactness(list(chosen.record))
@@ -190,36 +194,59 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+def task_headings(tasks) -> dict[str, str]:
+    """Column headings: Spec-Bench's six tasks in its order, then any other task among `tasks` (custom tasks,
+    headed by their name), alphabetically."""
+    custom = sorted(set(tasks) - set(TASK_COLUMNS) - {"overall"})
+    return {**TASK_COLUMNS, **{task: task for task in custom}}
+
+
 def wide_table(board: pd.DataFrame) -> pd.DataFrame:
-    """Spec-Bench's layout for one setting: a row per method, speedup per task, #MAT, overall; best overall first."""
+    """Spec-Bench's layout for one setting: a row per method, speedup per task, #MAT, overall; best overall first.
+    Hidden columns: `_intervals` (heading -> (low, high)), `_partial` (lacks some tasks), `_starved`."""
     rows = []
-    all_tasks = [t for t in TASK_COLUMNS if t in set(board.task)]
+    headings = task_headings(board.task)
+    all_tasks = [t for t in headings if t in set(board.task)]
     for method, group in board.groupby("method", sort=False):
         by_task = group.set_index("task")
         overall = by_task.loc["overall"]
-        row = {"Method": method}
-        for task, heading in TASK_COLUMNS.items():
-            row[heading] = by_task.speedup.get(task, math.nan)
+        row, intervals = {"Method": method}, {}
+        for task, heading in headings.items():
+            row[heading], intervals[heading] = _speedup_of(by_task, task)
         row[MAT_COLUMN] = overall.mean_accepted_tokens
-        row[OVERALL_COLUMN] = overall.speedup
-        row["_partial"] = any(t not in by_task.index for t in all_tasks)
+        row[OVERALL_COLUMN], intervals[OVERALL_COLUMN] = _speedup_of(by_task, "overall")
+        row["_intervals"], row["_partial"] = intervals, any(t not in by_task.index for t in all_tasks)
+        row["_starved"] = is_flagged(overall.starved)
         rows.append(row)
     table = pd.DataFrame(rows)
     return table.sort_values(OVERALL_COLUMN, ascending=False, na_position="last", kind="stable").reset_index(drop=True)
 
 
-def _speedup(value: float) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}x"
+def _speedup_of(by_task: pd.DataFrame, task: str) -> tuple[float, tuple[float, float]]:
+    """A task's speedup and its interval from one method's board rows indexed by task (NaNs where not run)."""
+    if task not in by_task.index:
+        return math.nan, (math.nan, math.nan)
+    row = by_task.loc[task]
+    return row.speedup, (row.speedup_ci_low, row.speedup_ci_high)
+
+
+def is_flagged(value) -> bool:
+    """A True/False/None (or NaN) column value as a plain bool: only True is flagged."""
+    return value is not None and not pd.isna(value) and bool(value)
 
 
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """The wide table as displayed: `1.23x` speedups, 2-decimal #MAT, † on a method that lacks some tasks."""
+    """The wide table as displayed: `1.23x (1.10-1.37)` speedups with their interval, 2-decimal #MAT, † on a
+    method that lacks some tasks, ⚠ on one timed while starved of CPU."""
     shown = pd.DataFrame({"Method": table.Method})
-    for heading in TASK_COLUMNS.values():
-        shown[heading] = table[heading].map(_speedup)
-    shown[MAT_COLUMN] = table[MAT_COLUMN].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}")
-    shown[OVERALL_COLUMN] = [_speedup(v) + (" †" if partial else "") for v, partial in
-                             zip(table[OVERALL_COLUMN], table._partial)]
+    for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
+        if heading == MAT_COLUMN:
+            shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}")
+        else:
+            shown[heading] = [speedup_text(v, *intervals[heading]) for v, intervals in
+                              zip(table[heading], table._intervals)]
+    shown[OVERALL_COLUMN] += [(" †" if partial else "") + (" ⚠" if starved else "") for partial, starved in
+                              zip(table._partial, table._starved)]
     return shown
 
 
@@ -277,6 +304,11 @@ def _pyplot():
     return plt
 
 
+def _title(ax, title: str) -> None:
+    """A plot's title, wrapped at draw time so that it stays inside the figure however few bars it has."""
+    ax.set_title(title, fontsize=9, wrap=True)
+
+
 def _save(fig, path: Path) -> None:
     """Lay out, write and close a figure (closing matters: reports draw many figures in one process)."""
     fig.tight_layout()
@@ -285,37 +317,43 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_speedup_by_task(board: pd.DataFrame, path: Path, title: str) -> None:
-    """Grouped bars, a group per task (and overall), a bar per method, with the vanilla = 1.0 line."""
+    """Grouped bars, a group per task (and overall), a bar per method with its 95% interval as an error bar, and
+    the vanilla = 1.0 line."""
     plt = _pyplot()
     drafted = board[board.method != VANILLA]
-    tasks = [t for t in [*TASK_COLUMNS, "overall"] if t in set(drafted.task)]
+    headings = {**task_headings(drafted.task), "overall": OVERALL_COLUMN}
+    tasks = [t for t in headings if t in set(drafted.task)]
     methods = list(wide_table(drafted).Method) if not drafted.empty else []
     fig, ax = plt.subplots(figsize=(min(13.0, 3.0 + (0.5 + 0.22 * len(methods)) * len(tasks)), 4.5))
     width = 0.8 / max(len(methods), 1)
     for i, method in enumerate(methods):
-        values = drafted[drafted.method == method].set_index("task").speedup
+        rows = drafted[drafted.method == method].set_index("task").reindex(tasks)
         xs = [t + (i - (len(methods) - 1) / 2) * width for t in range(len(tasks))]
-        ax.bar(xs, [values.get(task, math.nan) for task in tasks], width, label=method)
+        errors = [(rows.speedup - rows.speedup_ci_low).fillna(0), (rows.speedup_ci_high - rows.speedup).fillna(0)]
+        ax.bar(xs, rows.speedup, width, yerr=errors, capsize=3, error_kw={"linewidth": 1}, label=method)
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vanilla (1.0x)")
     ax.set_xticks(range(len(tasks)))
-    ax.set_xticklabels([TASK_COLUMNS.get(t, "Overall").replace(" ", "\n", 1) for t in tasks], fontsize=8)
-    ax.set_ylabel("speedup over vanilla (tokens/s ratio)")
-    ax.set_title(title, fontsize=9)
+    ax.set_xticklabels([headings[t].replace(" ", "\n", 1) for t in tasks], fontsize=8)
+    ax.set_ylabel("speedup over vanilla (tokens/s ratio)\nbars: 95% interval over questions", fontsize=9)
+    _title(ax, title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, path)
 
 
 def plot_speedup_vs_mat(table: pd.DataFrame, path: Path, title: str) -> None:
-    """One labelled point per method: overall speedup against mean accepted tokens per target forward."""
+    """One labelled point per method: overall speedup (with its 95% interval) against mean accepted tokens per
+    target forward."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    ax.scatter(table[MAT_COLUMN], table[OVERALL_COLUMN], zorder=3)
+    lows, highs = zip(*(intervals[OVERALL_COLUMN] for intervals in table._intervals)) if len(table) else ((), ())
+    errors = [(table[OVERALL_COLUMN] - lows).fillna(0), (highs - table[OVERALL_COLUMN]).fillna(0)]
+    ax.errorbar(table[MAT_COLUMN], table[OVERALL_COLUMN], yerr=errors, fmt="o", capsize=3, zorder=3)
     for method, mat, speedup in zip(table.Method, table[MAT_COLUMN], table[OVERALL_COLUMN]):
         ax.annotate(method, (mat, speedup), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     ax.set_xlabel("mean accepted tokens per target forward (#MAT)")
     ax.set_ylabel("overall speedup over vanilla")
-    ax.set_title(title, fontsize=9)
+    _title(ax, title)
     ax.grid(alpha=0.3)
     _save(fig, path)
 
@@ -351,7 +389,7 @@ def plot_accept_histogram(lengths: dict[str, list[int]], path: Path, title: str)
         ax.axis("off")
     if not methods:
         axes.flat[0].text(0.5, 0.5, "no drafting method in these runs", ha="center", va="center")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, wrap=True)
     _save(fig, path)
 
 
@@ -366,7 +404,7 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position k")
     ax.set_ylabel("share of decode steps accepting ≥ k draft tokens")
-    ax.set_title(title, fontsize=9)
+    _title(ax, title)
     ax.grid(alpha=0.3)
     if len(acceptance):
         ax.legend(fontsize=8)
@@ -377,9 +415,13 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
 
 NOTES = (
     "Speedup = mean tokens/s of the method over a task's questions / the same for vanilla on the same questions "
-    "(vanilla decoded interleaved in the method's run). Overall is recomputed over all of a method's questions, not "
-    "averaged over tasks. #Mean Accepted Tokens = generated tokens / target forwards (vanilla 1.00). "
-    "† the method has no run for some of the table's tasks: its Overall covers the others only."
+    "(vanilla decoded interleaved in the method's run); in brackets its 95% interval from a paired bootstrap over "
+    "questions (none for a single question). Overall is recomputed over all of a method's questions, not "
+    "averaged over tasks. #Mean Accepted Tokens = generated tokens / target forwards (vanilla 1.00); it has no "
+    "interval because under greedy decoding it is deterministic (the same tokens and forwards every run). "
+    "† the method has no run for some of the table's tasks: its Overall covers the others only. "
+    "⚠ the method was timed while starved of CPU (its process had less of the CPU than its threads could use): "
+    "its speedups are not to be trusted."
 )
 
 
@@ -388,6 +430,19 @@ def _html_table(frame: pd.DataFrame) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
                    for row in frame.itertuples(index=False))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def table_warnings(board: pd.DataFrame) -> str:
+    """Markdown paragraphs under one setting's table: methods that differ from vanilla, methods timed starved."""
+    overall = board[board.task == "overall"]
+    diverged = overall[overall.exact_match_or_tie < 1]
+    starved = overall[overall.starved.map(is_flagged)]
+    return "".join(
+        [f"\n\n**{r.method} differs from vanilla beyond numeric ties** (exact_match {r.exact_match:.3f}) on "
+         f"questions {r.diverged_questions.replace(';', ', ')}." for r in diverged.itertuples()]
+        + [f"\n\n**⚠ {r.method} was timed while starved of CPU** (CPU share {r.cpu_share:.0%}, see "
+           f"docs/metrics.md): its speedups are not to be trusted; time it again on a quiet machine."
+           for r in starved.itertuples()])
 
 
 def acceptance_table(board: pd.DataFrame) -> pd.DataFrame:
@@ -422,10 +477,7 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         title = f"{facts['model']} · {facts['device']} · {facts['dtype']} · max_new_tokens {facts['max_new_tokens']}"
         table = wide_table(group)
         shown = formatted(table)
-        diverged = group[(group.task == "overall") & (group.exact_match_or_tie < 1)]
-        warning = "".join(f"\n\n**{r.method} differs from vanilla beyond numeric ties** (exact_match "
-                          f"{r.exact_match:.3f}) on questions {r.diverged_questions.replace(';', ', ')}."
-                          for r in diverged.itertuples())
+        warning = table_warnings(group)
         acceptance = acceptance_table(group)
         acceptance_rows.append(acceptance.assign(**group.iloc[0][SETTING].to_dict()))
         plots = {

@@ -7,7 +7,9 @@ import math
 import platform
 import resource
 import socket
+import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,18 +20,19 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from bench.contention import available_cores, is_starved, machine_load, start_warnings, verdict
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.gpu import GpuMonitor
-from bench.metrics import summarize
+from bench.metrics import speedup_text, summarize
 from bench.models import PROJECT_ROOT, context_window, eos_token_ids, load_model, resolve_device
 from bench.records import AnswerFile, answer_record, config_key
 from bench.sampling import SamplingConfig
-from bench.timing import timed
+from bench.timing import Timing, timed
 from bench.validate import validate
 from tasks import build_prompt, load_questions
 
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "mean_accepted_tokens",
-                   "exact_match"]
+                   "exact_match", "cpu_share"]  # printed at the end of a run; speedup with its interval
 
 
 def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
@@ -63,13 +66,20 @@ def check_fits(prompt: list[int], max_new_tokens: int, context: int | None, turn
                             f"> the model's context window of {context} tokens")
 
 
+class RepeatMismatchError(RuntimeError):
+    """Repeats of one turn gave different tokens: its times are not of one decode, so no median is taken."""
+
+
 class QuestionDecoder:
     """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
+    Each turn is decoded and timed `repeats` times with the same seed; every repeat must give the same tokens.
     Raises PromptTooLong before a turn that would not fit in `context` tokens."""
 
     def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device,
-                 context: int | None = None):
+                 context: int | None = None, repeats: int = 1):
         self.engine, self.tokenizer, self.stop, self.device, self.context = engine, tokenizer, stop, device, context
+        self.repeats = repeats
+        self.cores = available_cores()
 
     def __call__(self, question: dict, seed: int) -> list[dict]:
         conversation, turns = [], []
@@ -77,13 +87,35 @@ class QuestionDecoder:
             conversation.append({"role": "user", "content": user_turn})
             prompt = build_prompt(self.tokenizer, conversation)
             check_fits(prompt, self.stop.max_new_tokens, self.context, index)
-            with timed(self.device) as elapsed:
-                out = self.engine.generate(prompt, self.stop, seed=seed + index)
+            out, timings = self._repeated(prompt, seed + index, f"question {question['question_id']} turn {index}")
             text = self.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
             conversation.append({"role": "assistant", "content": text})
-            turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps, "wall_time": elapsed[0],
-                          "accept_lengths": out.accept_lengths, "prompt_ids": prompt})
+            turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps,
+                          "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings)})
         return turns
+
+    def _repeated(self, prompt: list[int], seed: int, where: str):
+        """The turn's output (checked equal across repeats) and the Timing of each repeat."""
+        first, timings = None, []
+        for repeat in range(self.repeats):
+            with timed(self.device) as timing:
+                out = self.engine.generate(prompt, self.stop, seed=seed)
+            timings.append(timing)
+            first = out if first is None else first
+            if out.tokens != first.tokens:
+                raise RepeatMismatchError(
+                    f"{where}: repeat {repeat + 1} of {self.repeats} gave other tokens than repeat 1 under the same "
+                    f"settings and seed; decoding is not deterministic here, so its times cannot be medianed "
+                    f"(run with repeats=1)")
+        return first, timings
+
+    def _times(self, timings: list[Timing]) -> dict:
+        """wall_time (the median over repeats, Spec-Bench's field) and every repeat's times (records.TIMING_KEYS)."""
+        walls = [t.wall for t in timings]
+        times = {"wall_time": statistics.median(walls), "wall_times": walls}
+        if timings[0].cpu is not None:
+            times.update(cpu_times=[t.cpu for t in timings], threads=timings[0].threads, cores=self.cores)
+        return times
 
 
 @torch.inference_mode()
@@ -149,6 +181,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     started = time.time()
     validate(cfg)
     device = resolve_device(cfg.device)
+    warned = start_warnings(torch.get_num_threads(), available_cores(), machine_load(), device.type == "cuda")
+    for warning in warned:
+        print(f"WARNING: {warning}", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
     model, tokenizer = load_model(cfg.model, device)
     questions = load_questions(cfg.task)
@@ -160,8 +195,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     context = context_window(model)
     plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
     decode = QuestionDecoder(SpeculativeEngine(model, build_drafter(cfg.method, model, tokenizer, sampling), sampling),
-                             tokenizer, stop, device, context)
-    vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context)
+                             tokenizer, stop, device, context, cfg.repeats)
+    vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
 
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
                "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
@@ -216,22 +251,41 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             bar.set_postfix_str(_progress_note(method, answers, baselines))
     finally:  # also after an interruption: summarise what is done
         out_dir.mkdir(parents=True, exist_ok=True)
-        summary = summarize(method, list(answers.records.values()), baselines.records) if answers.records else None
+        summary = summarize(method, list(answers.records.values()), baselines.records,
+                            starvation_threshold=cfg.starvation_threshold, ci_samples=cfg.bootstrap.samples,
+                            ci_seed=cfg.bootstrap.seed) if answers.records else None
         if summary is not None:
             summary.to_csv(out_dir / "summary.csv", index=False)
         meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key,
-                "skipped_questions": sorted(skipped.records)}
+                "skipped_questions": sorted(skipped.records), "start_warnings": warned,
+                **starvation_facts(summary, cfg.starvation_threshold)}
         (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"\n{method} on {cfg.task.name} ({cfg.model.name}, {cfg.model.dtype}, {device}) -> {out_dir}")
     if skipped.records:
         print(f"skipped {len(skipped.records)} question(s) whose prompt + gen.max_new_tokens exceed the model's context "
               f"window: {skipped.path}")
     if summary is not None:
-        print(summary[SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(closing_table(summary).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(verdict(summary.cpu_share.iloc[-1], cfg.starvation_threshold))
     return summary
 
 
+def closing_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The table printed at the end of a run: SUMMARY_COLUMNS, the speedup as `1.35x (1.21-1.49)`."""
+    shown = summary[SUMMARY_COLUMNS].copy()
+    shown["speedup"] = [speedup_text(*values) for values in
+                        zip(summary.speedup, summary.speedup_ci_low, summary.speedup_ci_high)]
+    return shown.rename(columns={"speedup": "speedup (95% CI)"})
+
+
+def starvation_facts(summary: pd.DataFrame | None, threshold: float) -> dict:
+    """meta.json's starvation keys from the overall row: cpu_share and starved (null where they do not apply)."""
+    share = math.nan if summary is None else float(summary.cpu_share.iloc[-1])
+    return {"cpu_cores": available_cores(), "cpu_share": None if math.isnan(share) else round(share, 4),
+            "starved": is_starved(share, threshold)}
+
+
 def _progress_note(method: str, answers: AnswerFile, baselines: AnswerFile) -> str:
-    row = summarize(method, list(answers.records.values()), baselines.records).iloc[-1]
+    row = summarize(method, list(answers.records.values()), baselines.records, ci_samples=0).iloc[-1]
     return f"speedup {row.speedup:.2f}x  accepted/step {row.mean_accepted_tokens:.2f}"
 

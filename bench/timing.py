@@ -1,22 +1,37 @@
-"""Wall-clock timing of generation only, with device synchronisation on CUDA."""
+"""Timing of generation only: wall clock (with device synchronisation on CUDA) and, on CPU, process CPU time."""
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
+class Timing:
+    """One timed block: wall seconds; on CPU also the process's CPU seconds and torch's intra-op thread count."""
+
+    wall: float = 0.0
+    cpu: float | None = None  # None on CUDA: the device does the work, host CPU time says nothing about it
+    threads: int | None = None
+
+
 @contextmanager
 def timed(device: torch.device):
-    """Yields a one-item list that holds the elapsed seconds once the block ends (CUDA work included)."""
-    elapsed = [0.0]
-    if device.type == "cuda":
+    """Yields a Timing that holds the elapsed seconds once the block ends (CUDA work included)."""
+    timing = Timing()
+    on_cuda = device.type == "cuda"
+    if on_cuda:
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    else:
+        timing.threads = torch.get_num_threads()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
-        yield elapsed
+        yield timing
     finally:
-        if device.type == "cuda":
+        if on_cuda:
             torch.cuda.synchronize(device)
-        elapsed[0] = time.perf_counter() - start
+        timing.wall = time.perf_counter() - start
+        if not on_cuda:
+            timing.cpu = time.process_time() - cpu_start

@@ -99,7 +99,7 @@ def interleave(prompts: list[list[int]], contenders: dict[str, Callable[[list[in
             with timed(device) as elapsed:
                 tokens = contenders[name](prompt)
             totals[name]["tokens"] += len(tokens)
-            totals[name]["seconds"] += elapsed[0]
+            totals[name]["seconds"] += elapsed.wall
             totals[name]["outputs"].append(tokens)
     return totals
 

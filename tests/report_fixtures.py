@@ -16,8 +16,13 @@ TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
 
 
 def record(question_id: int, category: str, method: str, accepts: list[list[int]], wall_time: list[float],
-           exact_match: bool | None = True, divergence: dict | None = None, run_key: str = "key") -> dict:
-    """A Spec-Bench answer line whose turn k added accepts[k] tokens per target forward (prefill first)."""
+           exact_match: bool | None = True, divergence: dict | None = None, run_key: str = "key",
+           cpu_share: float | None = None) -> dict:
+    """A Spec-Bench answer line whose turn k added accepts[k] tokens per target forward (prefill first); with
+    `cpu_share`, timed once per turn on one thread, having that share of the CPU."""
+    timing = {} if cpu_share is None else {"wall_times": [[w] for w in wall_time],
+                                           "cpu_times": [[w * cpu_share] for w in wall_time],
+                                           "threads": [1] * len(wall_time), "cores": [2] * len(wall_time)}
     return {
         "question_id": question_id, "category": category, "answer_id": f"{method}-{question_id}",
         "model_id": "m", "method": method, "run_key": run_key, "tstamp": 1.0,
@@ -29,6 +34,7 @@ def record(question_id: int, category: str, method: str, accepts: list[list[int]
             "wall_time": wall_time,
             "accept_lengths": [x for a in accepts for x in a],
             "token_ids": [list(range(sum(a))) for a in accepts],
+            **timing,
         }],
         "exact_match": exact_match,
         "divergence": divergence,
@@ -66,9 +72,10 @@ def turns_of(category: str) -> int:
 
 
 def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], diverge: dict | None = None,
-               **kw) -> Path:
+               cpu_share: float | None = None, **kw) -> Path:
     """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
-    `accepts` tokens per forward in each turn (prefill first); `diverge` gives qid -> divergence record."""
+    `accepts` tokens per forward in each turn (prefill first); `diverge` gives qid -> divergence record; with
+    `cpu_share`, every turn had that share of the CPU."""
     answers, baselines = [], []
     for qid, category in QUESTIONS:
         if qid not in factor:
@@ -76,8 +83,9 @@ def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[
         turns = turns_of(category)
         divergence = (diverge or {}).get(qid)
         answers.append(record(qid, category, method, [list(accepts)] * turns, [1.0 / turns / factor[qid]] * turns,
-                              exact_match=divergence is None, divergence=divergence))
-        baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns))
+                              exact_match=divergence is None, divergence=divergence, cpu_share=cpu_share))
+        baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns,
+                                cpu_share=cpu_share))
     return write_run(path, method, answers, baselines, **kw)
 
 

@@ -42,3 +42,35 @@ def test_speedup_accepted_tokens_and_position_rates():
 def test_sampling_runs_have_no_exact_match_and_missing_baseline_no_speedup():
     table = summarize("m", [record(1, "rag", [4], [1.0], [2], [1, 3], exact=None)], {})
     assert math.isnan(table.exact_match[0]) and math.isnan(table.speedup[0])
+
+
+def paired_records(factors: list[float]) -> tuple[list[dict], dict[int, dict]]:
+    """Questions whose method ran factors[i] times faster than vanilla (10 tokens in 1 s)."""
+    method = [record(i, "qa", [10], [1.0 / f], [4], [1, 3, 3, 3]) for i, f in enumerate(factors)]
+    return method, {i: record(i, "qa", [10], [1.0], [10], [1] * 10) for i in range(len(factors))}
+
+
+def test_speedup_interval_is_reproducible_with_a_seed_and_contains_the_estimate():
+    method, vanilla = paired_records([1.1, 1.6, 0.9, 1.3, 2.0, 1.2, 1.4, 0.8])
+    row = summarize("m", method, vanilla, ci_seed=3).iloc[-1]
+    assert row.speedup_ci_low < row.speedup < row.speedup_ci_high
+    again = summarize("m", method, vanilla, ci_seed=3).iloc[-1]
+    assert (again.speedup_ci_low, again.speedup_ci_high) == (row.speedup_ci_low, row.speedup_ci_high)
+    other = summarize("m", method, vanilla, ci_seed=4).iloc[-1]
+    assert (other.speedup_ci_low, other.speedup_ci_high) != (row.speedup_ci_low, row.speedup_ci_high)
+    assert other.speedup_ci_low == pytest.approx(row.speedup_ci_low, rel=0.05)  # 2000 resamples: seeds agree closely
+
+
+def test_speedup_interval_resamples_questions_in_pairs():
+    # every question 1.5x faster than its own vanilla, at very different speeds: pairs keep the ratio exactly 1.5
+    method = [record(i, "qa", [10], [t / 1.5], [4], [1, 3, 3, 3]) for i, t in enumerate([0.1, 1.0, 10.0])]
+    vanilla = {i: record(i, "qa", [10], [t], [10], [1] * 10) for i, t in enumerate([0.1, 1.0, 10.0])}
+    row = summarize("m", method, vanilla).iloc[-1]
+    assert row.speedup_ci_low == pytest.approx(1.5) and row.speedup_ci_high == pytest.approx(1.5)
+
+
+def test_no_interval_from_one_question_or_without_resamples():
+    method, vanilla = paired_records([1.5, 1.2])
+    one = summarize("m", method[:1], vanilla).iloc[-1]
+    assert math.isnan(one.speedup_ci_low) and math.isnan(one.speedup_ci_high) and one.speedup == pytest.approx(1.5)
+    assert math.isnan(summarize("m", method, vanilla, ci_samples=0).iloc[-1].speedup_ci_low)

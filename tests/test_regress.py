@@ -5,11 +5,13 @@ import io
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench.regress import RegressError, main, regress
-from bench.report import write_report
+from bench.report import leaderboard, load_runs, write_report
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
+
 
 def pld_run(path: Path, accepts: list[int] = (1, 3, 3, 3, 2), factor: float = 1.5, diverge: dict | None = None,
             limit_to: set[int] | None = None, **kw) -> Path:
@@ -156,3 +158,44 @@ def test_cli_exit_codes(results, baseline, capsys):
     captured = capsys.readouterr()
     assert "FAIL  pld / qa: speedup 1.500 < baseline 3.000 by 50.0%" in captured.out
     assert "no baseline file" in captured.err
+
+
+def overall_speedup_only(baseline: Path) -> None:
+    """Stop checking per-task speedups (one question each, so they have no interval): overall alone is gated."""
+    data = json.loads(baseline.read_text())
+    for task, entry in data["methods"]["pld"].items():
+        entry["speedup"] = entry["speedup"] if task == "overall" else None
+    baseline.write_text(json.dumps(data))
+
+
+def test_speedup_fails_only_when_its_whole_interval_lies_below_the_floor(tmp_path, baseline):
+    overall_speedup_only(baseline)  # baseline overall 1.5x; floor 1.05 at 30%
+    noisy = method_run(tmp_path / "noisy" / "pld", "pld", {81: 0.4, 161: 3.0, 241: 0.5, 321: 0.6, 401: 2.0,
+                                                           481: 0.4}, [1, 3, 3, 3, 2])
+    row = leaderboard(load_runs(noisy)).set_index("task").loc["overall"]
+    assert row.speedup < 1.05 <= row.speedup_ci_high  # below the floor, but its interval reaches it
+    status, text = check(noisy.parent, baseline, allow_missing=True)
+    assert status == 0 and f"note  pld / overall: speedup {row.speedup:.3f} < baseline 1.500" in text
+    assert "reaches the floor" in text and "a noisy run, not failed" in text
+    slow = method_run(tmp_path / "slow" / "pld", "pld", {81: 0.7, 161: 0.8, 241: 0.6, 321: 0.75, 401: 0.9,
+                                                         481: 0.65}, [1, 3, 3, 3, 2])
+    row = leaderboard(load_runs(slow)).set_index("task").loc["overall"]
+    status, text = check(slow.parent, baseline, allow_missing=True)
+    assert status == 1 and f"FAIL  pld / overall: speedup {row.speedup:.3f} < baseline 1.500" in text
+    assert f"and all of its 95% interval {row.speedup_ci_low:.3f}-{row.speedup_ci_high:.3f} lies below" in text
+
+
+def test_a_leaderboard_without_intervals_is_gated_on_the_figure(results, baseline, tmp_path):
+    write_report(results, tmp_path / "report")
+    csv = tmp_path / "report" / "leaderboard.csv"
+    pd.read_csv(csv).drop(columns=["speedup_ci_low", "speedup_ci_high", "cpu_share", "starved"]).to_csv(csv)
+    assert check(tmp_path / "report", baseline)[0] == 0
+    edit(baseline, "pld", "overall", speedup=3.0)
+    status, text = check(tmp_path / "report", baseline)
+    assert status == 1 and "FAIL  pld / overall: speedup 1.500 < baseline 3.000 by 50.0% (tolerance 30%" in text
+
+
+def test_a_starved_run_is_named_in_a_note(tmp_path, baseline):
+    pld_run(tmp_path / "now" / "pld", cpu_share=0.2)
+    status, text = check(tmp_path / "now", baseline, allow_missing=True)
+    assert status == 0 and "note  pld / overall: timed while starved of CPU (CPU share 20%)" in text

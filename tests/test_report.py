@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from bench.report import TASK_COLUMNS, accept_lengths_by_method, leaderboard, load_runs, method_labels, select_latest, \
-    write_report
+import bench.report
+from bench.report import TASK_COLUMNS, accept_lengths_by_method, leaderboard, load_runs, method_labels, \
+    plot_speedup_by_task, select_latest, write_report
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
@@ -138,7 +140,7 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
     rows = table_rows(cpu)
     assert rows[0] == SPEC_BENCH_HEADINGS
     assert [r[0] for r in rows[2:]] == ["sps", "pld", "rest", "vanilla"]  # by overall speedup
-    assert rows[2][1:] == ["2.25x"] * 6 + ["3.00", "2.25x"]
+    assert rows[2][1:] == ["2.25x"] * 6 + ["3.00", "2.25x (2.25-2.25)"]  # one question per task: no interval
     assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.71", "1.20x †"]
     gpu = next(s for s in sections if "float32" in s.splitlines()[0])
     assert "device: cuda:0 (Test GPU)" in gpu and "torch: 2.9.0" in gpu
@@ -181,6 +183,58 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert "| pld | — | — | — | 2.00x | — | — | 6.00 | 2.00x |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2")])
+
+
+def custom_task_run(path: Path) -> Path:
+    """pld on a qa question (2x) and on two questions of a custom task 'poems' (4x and 2x), vanilla interleaved."""
+    answers = [record(321, "qa", "pld", [[1, 11]], [0.5]), record(9001, "poems", "pld", [[1, 5, 6]], [0.25]),
+               record(9002, "poems", "pld", [[1, 11]], [0.5])]
+    baselines = [record(qid, category, "vanilla", [[1] * 12], [1.0])
+                 for qid, category in [(321, "qa"), (9001, "poems"), (9002, "poems")]]
+    return write_run(path, "pld", answers, baselines, task="mine")
+
+
+def test_a_custom_task_gets_its_own_column_after_spec_bench_s_six_with_its_interval(tmp_path):
+    custom_task_run(tmp_path / "runs" / "pld")
+    write_report(tmp_path / "runs", tmp_path / "report")
+    rows = table_rows((tmp_path / "report" / "leaderboard.md").read_text())
+    assert rows[0] == [*SPEC_BENCH_HEADINGS[:7], "poems", *SPEC_BENCH_HEADINGS[7:]]
+    # poems: 48 and 24 tokens/s against 12: 3x; resampling its two questions gives 2x, 3x or 4x
+    # overall: 24, 48 and 24 tokens/s against 12: 2.67x
+    assert rows[2] == ["pld", "—", "—", "—", "2.00x", "—", "—", "3.00x (2.00-4.00)", "5.14", "2.67x (2.00-4.00)"]
+    csv = pd.read_csv(tmp_path / "report" / "leaderboard.csv").set_index("task")
+    assert csv.loc["poems", ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx([3, 2, 4])
+
+
+def test_speedup_plot_has_error_bars_every_task_and_a_title_inside_the_figure(tmp_path, monkeypatch):
+    figures, save = [], bench.report._save
+    monkeypatch.setattr(bench.report, "_save", lambda fig, path: (figures.append(fig), save(fig, path)))
+    custom_task_run(tmp_path / "runs" / "pld")
+    title = "a_rather_long_model_name · cpu (AMD EPYC 7B13 64-Core Processor) · float32 · max_new_tokens 1024"
+    plot_speedup_by_task(leaderboard(load_runs(tmp_path / "runs")), tmp_path / "plot.png", title)
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["Question\nAnswering", "poems", "Overall"]
+    errorbars = ax.containers[0]  # drawn by ax.bar(yerr=...) before its bars
+    caps = [(low, high) for (_, low), (_, high) in errorbars.lines[2][0].get_segments()]
+    assert caps[1] == pytest.approx((2.0, 4.0)) and caps[0] == pytest.approx((2.0, 2.0))  # qa: one question
+    canvas = FigureCanvasAgg(fig)  # the saved figure was closed, which detached its canvas
+    canvas.draw()
+    box = ax.title.get_window_extent(canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1
+
+
+def test_a_run_timed_while_starved_is_flagged(tmp_path):
+    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0, 481: 1.5}, [1, 11], cpu_share=0.2)
+    method_run(tmp_path / "runs" / "sps", "sps", {321: 1.2, 481: 1.1}, [1, 11], cpu_share=0.95)
+    board = write_report(tmp_path / "runs", tmp_path / "report").set_index(["method", "task"])
+    assert board.loc[("pld", "overall"), "cpu_share"] == pytest.approx(0.2)
+    assert board.loc[("pld", "overall"), "starved"] and not board.loc[("sps", "overall"), "starved"]
+    text = (tmp_path / "report" / "leaderboard.md").read_text()
+    overall = {row[0]: row[-1] for row in table_rows(text)[2:]}
+    assert overall["pld"].endswith("⚠") and not overall["sps"].endswith("⚠")
+    assert "**⚠ pld was timed while starved of CPU** (CPU share 20%" in text and "sps was timed" not in text
+    assert "pld was timed while starved of CPU" in (tmp_path / "report" / "index.html").read_text()
 
 
 # --- Spec-Bench's evaluation/speed.py, re-derived ---------------------------------------------------------------

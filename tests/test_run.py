@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
 import torch
 
+import bench.run
+from bench.engine import TurnOutput
 from bench.records import read_jsonl
-from bench.run import PROJECT_ROOT, find_divergence, run
+from bench.run import PROJECT_ROOT, QuestionDecoder, RepeatMismatchError, find_divergence, run
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -38,15 +42,19 @@ def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
     assert {"git_commit", "torch", "transformers", "device_name", "host"} <= meta.keys()
 
 
-def test_rerun_resumes_instead_of_redoing(compose, tmp_path):
+def test_rerun_resumes_instead_of_redoing_and_sets_a_cut_off_line_aside(compose, tmp_path, capsys):
     run(compose("task=qa", "task.limit=2"))
-    first = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    with open(tmp_path / "run" / "answers.jsonl", "a") as f:
+    path = tmp_path / "run" / "answers.jsonl"
+    first = read_jsonl(path)
+    with open(path, "a") as f:
         f.write('{"question_id": 999, "cut off mid-li')  # an interrupted write
     run(compose("task=qa", "task.limit=3"))
-    after = read_jsonl(tmp_path / "run" / "answers.jsonl")
+    lines = path.read_text().splitlines()
+    after = [json.loads(line) for line in lines]  # every line parses, as Spec-Bench's evaluation/speed.py needs
     assert [a["answer_id"] for a in after[:2]] == [a["answer_id"] for a in first]
     assert len(after) == 3 and after[2]["question_id"] not in {a["question_id"] for a in first}
+    assert (tmp_path / "run" / "answers.jsonl.partial").read_text() == '{"question_id": 999, "cut off mid-li\n'
+    assert capsys.readouterr().err.count("moved 1 cut-off line(s)") == 1
 
 
 def test_other_settings_in_same_out_dir_are_refused(compose):
@@ -69,6 +77,79 @@ def test_method_run_interleaves_vanilla_and_matches_it(compose, tmp_path):
     run(compose("task=all", "task.limit=2", *REPEAT))
     resumed = read_jsonl(out / "baseline.jsonl")
     assert len(resumed) == 12 and [b["answer_id"] for b in resumed[:6]] == [b["answer_id"] for b in baseline]
+
+
+def test_repeats_time_every_turn_n_times_and_keep_the_median(compose, tmp_path, one_thread):
+    run(compose("method=vanilla", "task=mt_bench", "task.limit=2", "repeats=3"))
+    for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
+        choice = answer["choices"][0]
+        assert [len(times) for times in choice["wall_times"]] == [3, 3] == [len(c) for c in choice["cpu_times"]]
+        assert choice["wall_time"] == [statistics.median(times) for times in choice["wall_times"]]
+        assert choice["threads"] == [1, 1] and choice["cores"][0] >= 1
+    once = compose("method=vanilla", "task=mt_bench", "task.limit=2", f"out_dir={tmp_path / 'once'}")
+    run(once)
+    assert [a["choices"][0]["token_ids"] for a in read_jsonl(tmp_path / "once" / "answers.jsonl")] == \
+        [a["choices"][0]["token_ids"] for a in read_jsonl(tmp_path / "run" / "answers.jsonl")]
+
+
+class FlakyEngine:
+    """An engine whose second decode of a prompt gives other tokens, as a nondeterministic kernel might."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompt, stop, seed=None):
+        self.calls += 1
+        return TurnOutput(tokens=[1, 2, 3] if self.calls == 1 else [1, 2, 4], accept_lengths=[1, 1, 1])
+
+
+def test_repeats_that_give_other_tokens_are_refused(compose):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(compose().model.path)
+    decoder = QuestionDecoder(FlakyEngine(), tokenizer, None, torch.device("cpu"), repeats=2)
+    with pytest.raises(RepeatMismatchError, match="question 7 turn 0: repeat 2 of 2 gave other tokens"):
+        decoder({"question_id": 7, "turns": ["hi"]}, seed=0)
+
+
+def sleepy_loader(load_model):
+    """load_model whose model sleeps in every forward: the process waits without the CPU, as when starved."""
+    def load(*args, **kwargs):
+        model, tokenizer = load_model(*args, **kwargs)
+        forward = model.forward
+
+        def sleeping_forward(*a, **kw):
+            time.sleep(0.05)
+            return forward(*a, **kw)
+
+        model.forward = sleeping_forward
+        return model, tokenizer
+
+    return load
+
+
+# The fast tier may itself share a busy machine, so both runs are held to a lower bar than the default 0.5: a
+# one-thread run keeps well above it unless the machine is several times oversubscribed; sleeping falls far below.
+THRESHOLD = "starvation_threshold=0.25"
+
+
+def test_a_run_that_lost_the_cpu_is_flagged_starved(compose, tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setattr(bench.run, "load_model", sleepy_loader(bench.run.load_model))
+    summary = run(compose("method=vanilla", "task=qa", "task.limit=2", THRESHOLD))
+    assert summary.starved.tolist() == [True, True] and (summary.cpu_share < 0.25).all()
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["starved"] is True and meta["cpu_share"] < 0.25
+    assert pd.read_csv(tmp_path / "run" / "summary.csv").starved.tolist() == [True, True]
+    assert "WARNING: STARVED RUN: the process had" in capsys.readouterr().out
+
+
+def test_a_normal_run_is_not_flagged(compose, tmp_path, capsys, one_thread):
+    # one thread: a tiny model's ops are too small to keep more threads busy
+    summary = run(compose("method=vanilla", "task=qa", "task.limit=2", THRESHOLD))
+    assert summary.starved.tolist() == [False, False] and (summary.cpu_share > 0.25).all()
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["starved"] is False
+    out = capsys.readouterr().out
+    assert "CPU share while timing:" in out and "not starved" in out and "STARVED" not in out
 
 
 def test_divergence_is_located_and_ties_told_apart(tiny_model):
