@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import bench.run
-from bench.engine import TurnOutput
+from bench.engine import StopCondition, TurnOutput
 from bench.records import read_jsonl
 from bench.run import PROJECT_ROOT, QuestionDecoder, RepeatMismatchError, find_divergence, run
 
@@ -107,7 +107,7 @@ def test_repeats_that_give_other_tokens_are_refused(compose):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(compose().model.path)
-    decoder = QuestionDecoder(FlakyEngine(), tokenizer, None, torch.device("cpu"), repeats=2)
+    decoder = QuestionDecoder(FlakyEngine(), tokenizer, StopCondition(8), torch.device("cpu"), repeats=2)
     with pytest.raises(RepeatMismatchError, match="question 7 turn 0: repeat 2 of 2 gave other tokens"):
         decoder({"question_id": 7, "turns": ["hi"]}, seed=0)
 

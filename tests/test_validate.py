@@ -26,7 +26,7 @@ def test_defaults_are_valid():
     ("gen.max_new_tokens=0", "gen.max_new_tokens=0: must be an integer >= 1"),
     ("gen.max_new_tokens=ten", "gen.max_new_tokens=ten: must be an integer >= 1"),
     ("task.limit=-3", "task.limit=-3: must be an integer >= 1, or null for every question"),
-    ("+repeats=0", "repeats=0: must be an integer >= 1"),
+    ("repeats=0", "repeats=0: must be an integer >= 1"),
     ("model.dtype=float8", "model.dtype=float8: must be one of float32, bfloat16, float16, float64"),
     ("device=tpu", "device=tpu: must be auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format=chatml", "model.prompt_format=chatml: must be one of auto, plain, raw"),
