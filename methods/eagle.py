@@ -22,6 +22,7 @@ import copy
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
@@ -29,7 +30,7 @@ from bench.kvcache import new_cache
 from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.sampling import SamplingConfig, logits_to_probs
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, read_heads
+from methods.heads import DraftVocabulary, heads_or_checkpoint, read_heads
 from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
@@ -119,7 +120,7 @@ def load_eagle(checkpoint: str | Path, target) -> tuple[EagleHead, DraftVocabula
     config_path = folder / "config.json"
     if upstream is not None and config_path.exists() and '"specbench_method"' not in config_path.read_text():
         state = (torch.load(upstream, map_location="cpu", weights_only=True) if upstream.suffix == ".bin"
-                 else __import__("safetensors.torch", fromlist=["load_file"]).load_file(upstream))
+                 else load_file(upstream))
         head.load_state_dict(_from_upstream_keys(state), strict=False)
         vocab = DraftVocabulary(lm_head)
     else:
@@ -159,11 +160,7 @@ class EagleDrafter:
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  total_token: int = 60, depth: int = 5, top_k: int = 10, sampling: SamplingConfig | None = None,
                  seed: int | None = None, head: EagleHead | None = None, vocab: DraftVocabulary | None = None):
-        if head is None:
-            head, vocab, self.artifact = load_eagle(checkpoint, target)
-        else:
-            self.artifact = None
-        self.head, self.vocab = head, vocab or DraftVocabulary(target.get_output_embeddings())
+        self.head, self.vocab, self.artifact = heads_or_checkpoint(head, vocab, checkpoint, target, load_eagle)
         self.embed = target.get_input_embeddings()
         self.sampling = sampling or SamplingConfig()
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None

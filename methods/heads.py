@@ -85,6 +85,14 @@ class DraftVocabulary(nn.Module):
         return full.index_copy_(-1, self.token_ids, probs)
 
 
+def heads_or_checkpoint(module, vocab, checkpoint, target, load) -> tuple:
+    """(module, vocabulary, artifact fingerprint): the module passed in (tests, notebooks; no fingerprint), else
+    `load(checkpoint, target)`."""
+    if module is None:
+        return load(checkpoint, target)
+    return module, vocab or DraftVocabulary(target.get_output_embeddings()), None
+
+
 def save_heads(out_dir: Path, config: dict, state: dict[str, torch.Tensor], card: dict) -> None:
     """config.json, model.safetensors (floating tensors stored as fp16) and card.json in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)

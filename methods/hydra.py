@@ -16,9 +16,8 @@ from torch import nn
 
 from bench.models import artifact_fingerprint, resolve_artifact_path
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, ResBlock, read_heads
-from methods.trees import resolve_choices
-from methods.medusa import tree_from_choices
+from methods.heads import DraftVocabulary, ResBlock, heads_or_checkpoint, read_heads
+from methods.medusa import static_tree
 
 TRAIN_COMMAND = "python -m bench.train method=hydra"
 
@@ -101,18 +100,10 @@ class HydraDrafter:
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: HydraHeads | None = None, vocab: DraftVocabulary | None = None):
-        if heads is None:
-            heads, vocab, self.artifact = load_hydra(checkpoint, target)
-        else:
-            self.artifact = None
-        self.heads, self.vocab = heads, vocab or DraftVocabulary(target.get_output_embeddings())
+        self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_hydra)
         self.embed = target.get_input_embeddings()
-        choices = (resolve_choices(choices) or [[0] * d for d in range(1, heads.num_heads + 1)])[:tree_size]
-        self.template, node_heads, node_ranks = tree_from_choices(choices)
+        self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Hydra")
         depth = int(node_heads.max()) + 1
-        if depth > heads.num_heads:
-            raise ValueError(f"the Hydra tree is {depth} deep but the checkpoint has {heads.num_heads} heads; use a "
-                             f"shallower method.drafter.choices")
         device = target.device
         # Per level: the parents that need children (node ids, -1 = root), their paths (node ids from depth 1 down
         # to the parent), and for each node of the level the row of its parent and its rank.

@@ -22,7 +22,7 @@ from torch import nn
 
 from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, ResBlock, read_heads
+from methods.heads import DraftVocabulary, ResBlock, heads_or_checkpoint, read_heads
 from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
@@ -85,6 +85,17 @@ def tree_from_choices(choices: list[list[int]]) -> tuple[DraftTree, torch.Tensor
     return template, heads, ranks
 
 
+def static_tree(choices, tree_size: int | None, num_heads: int, method: str):
+    """tree_from_choices of the first `tree_size` choices (a name in methods/trees.py or a list; default: one chain as
+    deep as the heads), refused when deeper than the checkpoint's `num_heads`."""
+    choices = (resolve_choices(choices) or [[0] * d for d in range(1, num_heads + 1)])[:tree_size]
+    template, node_heads, node_ranks = tree_from_choices(choices)
+    if int(node_heads.max()) >= num_heads:
+        raise ValueError(f"the {method} tree is {int(node_heads.max()) + 1} deep but the checkpoint has {num_heads} "
+                         f"heads; use a shallower method.drafter.choices")
+    return template, node_heads, node_ranks
+
+
 def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocabulary, str]:
     """(heads, vocabulary, fingerprint) from a checkpoint folder in any supported format, on the target's device
     and dtype."""
@@ -144,16 +155,8 @@ class MedusaDrafter:
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
-        if heads is None:
-            heads, vocab, self.artifact = load_medusa(checkpoint, target)
-        else:
-            self.artifact = None
-        self.heads, self.vocab = heads, vocab or DraftVocabulary(target.get_output_embeddings())
-        choices = (resolve_choices(choices) or [[0] * d for d in range(1, heads.num_heads + 1)])[:tree_size]
-        self.template, node_heads, node_ranks = tree_from_choices(choices)
-        if int(node_heads.max()) >= heads.num_heads:
-            raise ValueError(f"the Medusa tree is {int(node_heads.max()) + 1} deep but the checkpoint has "
-                             f"{heads.num_heads} heads; use a shallower method.drafter.choices")
+        self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
+        self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
         self.num_used_heads = int(node_heads.max()) + 1
         self.top_k = int(node_ranks.max()) + 1
         device = target.device

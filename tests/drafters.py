@@ -18,3 +18,18 @@ class RepeatLastDrafter:
 
     def update(self, step):
         pass
+
+
+def recording(drafter_class):
+    """A subclass of `drafter_class` that records, in `.accepted`, how many drafted tokens each step accepted."""
+
+    class Recording(drafter_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.accepted: list[int] = []
+
+        def update(self, step):
+            super().update(step)
+            self.accepted.append(step.acceptance.num_accepted_drafts)
+
+    return Recording

@@ -10,6 +10,7 @@ from methods.hydra import HydraDrafter, HydraHeads, load_hydra
 from methods.medusa import MedusaDrafter, MedusaHeads
 from methods.trees import TREES
 from tests.conftest import VOCAB
+from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 
 
@@ -21,14 +22,7 @@ def random_heads(seed: int = 0, num_heads: int = 4) -> HydraHeads:
     return heads
 
 
-class Recorder(HydraDrafter):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.accepted: list[int] = []
-
-    def update(self, step):
-        super().update(step)
-        self.accepted.append(step.acceptance.num_accepted_drafts)
+Recorder = recording(HydraDrafter)
 
 
 @pytest.mark.parametrize("tree_size", [3, 16, 63])

@@ -11,6 +11,7 @@ from methods.heads import DraftVocabulary, save_heads
 from methods.medusa import MedusaDrafter, MedusaHeads, load_medusa, tree_from_choices
 from methods.trees import TREES
 from tests.conftest import VOCAB
+from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 
 MC_SIM_7B_63 = TREES["mc_sim_7b_63"]
@@ -25,14 +26,7 @@ def random_heads(hidden_size: int, num_heads: int = 4, seed: int = 0, private_vo
     return heads
 
 
-class Recorder(MedusaDrafter):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.accepted: list[int] = []
-
-    def update(self, step):
-        super().update(step)
-        self.accepted.append(step.acceptance.num_accepted_drafts)
+Recorder = recording(MedusaDrafter)
 
 
 def test_tree_from_choices_orders_nodes_and_links_parents():
@@ -115,7 +109,7 @@ def test_missing_checkpoint_names_the_training_command(tiny_model, tmp_path):
 
 
 def test_tree_deeper_than_the_heads_is_refused(tiny_model):
-    with pytest.raises(ValueError, match="2 heads"):
+    with pytest.raises(ValueError, match="3 deep but the checkpoint has 2 heads"):
         MedusaDrafter(tiny_model, choices=[[0], [0, 0], [0, 0, 0]], heads=random_heads(64, num_heads=2))
 
 
