@@ -70,23 +70,35 @@ class EagleHead(nn.Module):
 
 
 def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, batch, noise: float = 0.2,
-               feature_weight: float = 1.0, token_weight: float = 0.1):
+               feature_weight: float = 1.0, token_weight: float = 0.1, eval_depths: int = 4):
     """EAGLE's objective on a batch of cached features: SmoothL1 between the predicted and the target's next
     feature + token_weight x cross-entropy against the target's next prediction; input features get uniform noise
-    U(-noise/2, noise/2) in training. Returns (loss, [(logits [N, V'], target slice positions [N])]) for depth 0."""
-    features = batch.hidden[:, :-1]  # f_t
+    U(-noise/2, noise/2) in training. Returns (loss, [(logits [N, V'], target slice positions [N]) per depth]).
+
+    Depth 0 is the teacher-forced step the loss trains. In eval mode `eval_depths` - 1 more depths are unrolled
+    for the held-out agreement: at depth d every input feature is the head's own depth d-1 prediction (EAGLE-3's
+    "training-time test"), so a draft d + 1 tokens deep is scored on what the head itself predicted. At inference
+    the context before the draft holds the target's true features, so these figures are a lower bound."""
+    features, shift, outputs, loss = batch.hidden[:, :-1], 1, [], None  # f_t, for token t+1
     if head.training and noise:
         features = features + (torch.rand_like(features) - 0.5) * noise
-    with torch.no_grad():
-        embeds = embed(batch.input_ids[:, 1:])  # token t+1
-    predicted = head(embeds, features)  # f^_{t+1}
-    keep = batch.mask[:, 1:]
-    predicted, wanted = predicted[keep], batch.hidden[:, 1:][keep]
-    targets = vocab.slice_positions(batch.labels[:, 1:][keep])  # the target's token t+2
-    logits = vocab(predicted)
-    loss = (feature_weight * nn.functional.smooth_l1_loss(predicted, wanted)
-            + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100))
-    return loss, [(logits.detach(), targets)]
+    for depth in range(1 if head.training else eval_depths):
+        length = features.shape[1]
+        if length < 1:
+            break
+        with torch.no_grad():
+            embeds = embed(batch.input_ids[:, shift : shift + length])  # token t+shift
+        predicted = head(embeds, features)  # f^_{t+shift}
+        keep = batch.mask[:, shift : shift + length]
+        targets = vocab.slice_positions(batch.labels[:, shift : shift + length][keep])  # the target's next token
+        logits = vocab(predicted[keep])
+        if depth == 0:
+            wanted = batch.hidden[:, 1:][keep]
+            loss = (feature_weight * nn.functional.smooth_l1_loss(predicted[keep], wanted)
+                    + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100))
+        outputs.append((logits.detach(), targets))
+        features, shift = predicted[:, :-1], shift + 1
+    return loss, outputs
 
 
 class EagleRecipe:

@@ -143,10 +143,8 @@ def exact_distribution(model, prompt: list[int], position: int, cfg: SamplingCon
     return (torch.tensor([paths[s] for s in seqs], dtype=torch.float64)[:, None] * probs).sum(0)
 
 
-def sps_counts(target, draft, runs: int) -> tuple[torch.Tensor, list[int]]:
-    """Histogram of the token at POSITION over seeded SpS runs (γ = 3, so it is often a drafted token), and the
-    accept lengths seen."""
-    drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=3, adaptive=False, sampling=T1, seed=0)
+def position_counts(target, drafter, runs: int) -> tuple[torch.Tensor, list[int]]:
+    """Histogram of the token at POSITION over seeded sampled runs with `drafter`, and the accept lengths seen."""
     engine = SpeculativeEngine(target, drafter, T1)
     counts, accept_lengths = torch.zeros(VOCAB, dtype=torch.float64), []
     for seed in range(runs):
@@ -154,6 +152,12 @@ def sps_counts(target, draft, runs: int) -> tuple[torch.Tensor, list[int]]:
         counts[out.tokens[POSITION]] += 1
         accept_lengths += out.accept_lengths[1:]
     return counts, accept_lengths
+
+
+def sps_counts(target, draft, runs: int) -> tuple[torch.Tensor, list[int]]:
+    """position_counts of SpS with γ = 3, so the token at POSITION is often a drafted one."""
+    drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=3, adaptive=False, sampling=T1, seed=0)
+    return position_counts(target, drafter, runs)
 
 
 def test_sps_samples_the_target_distribution(small_pair, monkeypatch):
@@ -195,16 +199,6 @@ def test_siblings_drawn_without_replacement_follow_p(rule, lossless):
     assert (statistic < critical) == lossless, (statistic, critical)
 
 
-def tree_counts(target, drafter, runs: int) -> tuple[torch.Tensor, list[int]]:
-    engine = SpeculativeEngine(target, drafter, T1)
-    counts, accept_lengths = torch.zeros(VOCAB, dtype=torch.float64), []
-    for seed in range(runs):
-        out = engine.generate(PROMPT, StopCondition(POSITION + 3), seed=seed)
-        counts[out.tokens[POSITION]] += 1
-        accept_lengths += out.accept_lengths[1:]
-    return counts, accept_lengths
-
-
 @pytest.mark.parametrize("method", ["medusa", "eagle2"])
 def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
     """A Medusa tree (deterministic top-k siblings) and an EAGLE-2 tree (siblings sampled without replacement) on
@@ -222,7 +216,7 @@ def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
     else:
         drafter = EagleDrafter(target, head=EagleHead(target.config).double().eval(), total_token=7, depth=3, top_k=2,
                                sampling=T1, seed=0)
-    counts, accept_lengths = tree_counts(target, drafter, 800)
+    counts, accept_lengths = position_counts(target, drafter, 800)
     statistic, critical = chi_square(counts, exact_distribution(target, PROMPT, POSITION, T1))
     assert statistic < critical, (statistic, critical)
     assert max(accept_lengths) >= 2  # drafted tokens were accepted, not only bonus tokens
