@@ -131,4 +131,6 @@ def spec_bench_prompts(tokenizer, category: str, count: int) -> list[list[int]]:
     """First-turn prompts of the first `count` Spec-Bench questions of a category, through the chat template."""
     from tasks import first_turn_prompts, read_questions
 
-    return first_turn_prompts(tokenizer, read_questions([category])[:count])
+    questions = read_questions([category])[:count]
+    assert questions, f"no Spec-Bench questions of category {category!r}"
+    return first_turn_prompts(tokenizer, questions)

@@ -120,5 +120,5 @@ def test_missing_checkpoint_names_the_training_command(tiny_model, tmp_path):
 @pytest.mark.real_model
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
 def test_committed_eagle_head_is_lossless_on_smollm2(method):
-    mean_accepted = assert_lossless_on_smollm2(method, category="mt_bench", count=2)
+    mean_accepted = assert_lossless_on_smollm2(method, category="writing", count=2)
     assert mean_accepted > 1.3
