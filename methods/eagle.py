@@ -27,10 +27,10 @@ from torch import nn
 from transformers import AutoModel, DynamicCache
 
 from bench.kvcache import new_cache
-from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
+from bench.models import artifact_fingerprint
 from bench.sampling import SamplingConfig, logits_to_probs
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, heads_or_checkpoint, read_heads
+from methods.heads import DraftVocabulary, checkpoint_folder, heads_or_checkpoint, read_heads
 from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
@@ -123,9 +123,7 @@ class EagleRecipe:
 def load_eagle(checkpoint: str | Path, target) -> tuple[EagleHead, DraftVocabulary, str]:
     """(head, vocabulary, fingerprint): this project's checkpoint, or SafeAILab's (config.json + pytorch_model.bin
     with `fc.*` and `layers.0.*`, e.g. yuhuili/EAGLE-Vicuna-7B-v1.3), on the target's device and dtype."""
-    folder = resolve_artifact_path(checkpoint)
-    if folder is None:
-        folder = _hub_snapshot(str(checkpoint))
+    folder = checkpoint_folder(checkpoint, "EAGLE")
     head = EagleHead(target.config)
     lm_head = target.get_output_embeddings()
     upstream = next((folder / n for n in ("pytorch_model.bin", "model.safetensors") if (folder / n).exists()), None)
@@ -152,16 +150,6 @@ def _from_upstream_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
         elif key.startswith("layers.0.") and "input_layernorm" not in key:
             mapped["body." + key] = value
     return mapped
-
-
-def _hub_snapshot(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id))
-    except Exception as err:  # offline, unknown id, no access: one line saying what to do
-        raise MissingArtifactError(f"EAGLE checkpoint '{repo_id}' cannot be fetched ({type(err).__name__}); "
-                                   f"download it (huggingface-cli download {repo_id}) and pass its folder") from err
 
 
 class EagleDrafter:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from bench.models import MissingArtifactError
+from bench.models import MissingArtifactError, resolve_artifact_path
 
 
 class ResBlock(nn.Module):
@@ -83,6 +83,34 @@ class DraftVocabulary(nn.Module):
             return probs
         full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
         return full.index_copy_(-1, self.token_ids, probs)
+
+
+def checkpoint_folder(checkpoint: str | Path, method: str) -> Path:
+    """A checkpoint's local folder: a path (relative to the project root), else a hub id fetched into the HF cache
+    (one line saying how to get it when that fails, e.g. offline)."""
+    folder = resolve_artifact_path(checkpoint)
+    if folder is not None:
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(checkpoint)))
+    except Exception as err:  # offline, unknown id, no access
+        raise MissingArtifactError(f"{method} checkpoint '{checkpoint}' cannot be fetched ({type(err).__name__}); "
+                                   f"download it (huggingface-cli download {checkpoint}) and pass its folder") from err
+
+
+class LastFeatureDrafter:
+    """Base of the drafters that draft from the target's feature at the last accepted token (Medusa, Hydra)."""
+
+    feature_layers = (-1,)
+    hidden: torch.Tensor | None = None  # [H]
+
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        self.hidden = hidden[-1]
+
+    def update(self, step) -> None:
+        self.hidden = step.hidden[step.acceptance.rows[-1]]
 
 
 def heads_or_checkpoint(module, vocab, checkpoint, target, load) -> tuple:

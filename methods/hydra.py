@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.models import artifact_fingerprint, resolve_artifact_path
+from bench.models import artifact_fingerprint
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, ResBlock, heads_or_checkpoint, read_heads
+from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
+                           read_heads)
 from methods.medusa import static_tree
 
 TRAIN_COMMAND = "python -m bench.train method=hydra"
@@ -85,7 +86,7 @@ class HydraRecipe:
 
 def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads, DraftVocabulary, str]:
     """(heads, vocabulary, fingerprint) of a checkpoint made by `python -m bench.train method=hydra`."""
-    folder = resolve_artifact_path(checkpoint) or Path(checkpoint)
+    folder = checkpoint_folder(checkpoint, "Hydra")
     config, state = read_heads(folder, "hydra", TRAIN_COMMAND)
     heads = HydraHeads(target.get_output_embeddings().weight.shape[1], config["num_heads"], config["num_layers"])
     heads.load_state_dict({k: v for k, v in state.items() if k != "draft_vocab_ids"})
@@ -93,10 +94,9 @@ def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads, DraftVocabul
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 
-class HydraDrafter:
+class HydraDrafter(LastFeatureDrafter):
     """Builds the static choices tree level by level; level d's tokens come from head d-1 reading each parent's path."""
 
-    feature_layers = (-1,)
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: HydraHeads | None = None, vocab: DraftVocabulary | None = None):
@@ -120,7 +120,6 @@ class HydraDrafter:
                 torch.tensor([ranks[i] for i in nodes], device=device),
                 max(ranks[i] for i in nodes) + 1,
             ))
-        self.hidden: torch.Tensor | None = None
 
     def _path(self, node: int) -> list[int]:
         path = []
@@ -128,9 +127,6 @@ class HydraDrafter:
             path.append(node)
             node = self.template.parents[node]
         return path[::-1]
-
-    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        self.hidden = hidden[-1]
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
@@ -145,6 +141,3 @@ class HydraDrafter:
             candidates = self.vocab.to_token_ids(logits.topk(top_k, dim=-1).indices)  # [rows, top_k]
             tokens[nodes] = candidates[parent_rows, ranks]
         return self.template.with_tokens(tokens.tolist())
-
-    def update(self, step) -> None:
-        self.hidden = step.hidden[step.acceptance.rows[-1]]

@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
+from bench.models import MissingArtifactError, artifact_fingerprint
 from bench.tree import DraftTree
-from methods.heads import DraftVocabulary, ResBlock, heads_or_checkpoint, read_heads
+from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
+                           read_heads)
 from methods.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
@@ -99,7 +100,7 @@ def static_tree(choices, tree_size: int | None, num_heads: int, method: str):
 def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocabulary, str]:
     """(heads, vocabulary, fingerprint) from a checkpoint folder in any supported format, on the target's device
     and dtype."""
-    folder = resolve_artifact_path(checkpoint) or Path(checkpoint)
+    folder = checkpoint_folder(checkpoint, "Medusa")
     lm_head = target.get_output_embeddings()
     hidden_size = lm_head.weight.shape[1]
     config_path = folder / "config.json"
@@ -148,10 +149,9 @@ def _from_upstream_keys(state: dict[str, torch.Tensor], num_layers: int) -> dict
     return mapped
 
 
-class MedusaDrafter:
+class MedusaDrafter(LastFeatureDrafter):
     """Proposes Medusa's static tree: node (head k, rank r) is head k's r-th most likely token."""
 
-    feature_layers = (-1,)
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
@@ -161,10 +161,6 @@ class MedusaDrafter:
         self.top_k = int(node_ranks.max()) + 1
         device = target.device
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
-        self.hidden: torch.Tensor | None = None  # [H] the target's feature at the last accepted token
-
-    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        self.hidden = hidden[-1]
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
@@ -174,9 +170,6 @@ class MedusaDrafter:
                                   for k in range(self.num_used_heads)])  # [heads, top_k]
         tokens = self.vocab.to_token_ids(candidates[self.node_heads, self.node_ranks])  # [n]
         return self.template.with_tokens(tokens.tolist())
-
-    def update(self, step) -> None:
-        self.hidden = step.hidden[step.acceptance.rows[-1]]
 
 
 class MedusaRecipe:
