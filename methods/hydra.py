@@ -6,18 +6,28 @@ the target's feature at the last accepted token and x_1..x_k the draft tokens ab
 is a linear map of that input to H (initialised to pass h_t through), `num_layers` ResBlocks, then the target's LM
 head (or its draft-vocabulary slice). The tree is Medusa's choices list, built level by level: one head call per
 level for all the nodes whose children that level needs. Acceptance is the engine's lossless rule.
+
+Hydra++ checkpoints as published (zankner/Hydra's `prefix-mlp` heads, e.g. ankner/hydra-vicuna-7b-v1.3) load as
+`HydraPrefixHeads`: a one-decoder-layer "prefix" of the target's architecture (with its own norms and KV cache)
+reads the target's features of the accepted context, and its output at the last one is the h_t the heads read;
+head k is res(x) + SiLU(W x) on its (k + 2) x H input, then one ResBlock applied num_layers - 1 times (the same
+block each time, as upstream builds it), then the head's own vocabulary projection (with a bias).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoModel
 
-from bench.models import artifact_fingerprint
+from bench.kvcache import new_cache
+from bench.models import MissingArtifactError, artifact_fingerprint
 from bench.tree import DraftTree
 from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
                            read_heads)
+from methods.eagle import one_layer_config
 from methods.medusa import static_tree
 
 TRAIN_COMMAND = "python -m bench.train method=hydra"
@@ -84,19 +94,110 @@ class HydraRecipe:
         return {"num_heads": module.num_heads, "num_layers": len(module.blocks[0])}
 
 
-def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads, DraftVocabulary, str]:
-    """(heads, vocabulary, fingerprint) of a checkpoint made by `python -m bench.train method=hydra`."""
+class GroundedBlock(nn.Module):
+    """Hydra++'s first block of head k: res(x) + SiLU(W x), both maps (k + 2) x H -> H."""
+
+    def __init__(self, in_features: int, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, hidden_size)
+        self.res_connection = nn.Linear(in_features, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res_connection(x) + nn.functional.silu(self.linear(x))
+
+
+class HydraPrefixHeads(nn.Module):
+    """Hydra++ heads (the published `prefix-mlp` layout): a one-layer prefix over the target's features, K grounded
+    heads with their own vocabulary projections. `logits` has HydraHeads' signature; the vocabulary is the full one."""
+
+    def __init__(self, target_config, vocab_size: int, num_heads: int, num_layers: int):
+        super().__init__()
+        hidden = target_config.hidden_size
+        self.prefix = AutoModel.from_config(one_layer_config(target_config))  # rotary, masks, cache: HF's
+        self.first = nn.ModuleList(GroundedBlock((k + 2) * hidden, hidden) for k in range(num_heads))
+        self.repeated = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
+        self.repeats = num_layers - 1
+        self.projections = nn.ModuleList(nn.Linear(hidden, vocab_size) for _ in range(num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.first)
+
+    def prefix_features(self, features: torch.Tensor, cache) -> torch.Tensor:
+        """The target's features [T, H] at the next T context positions -> the prefix's outputs [T, H] (cached)."""
+        return self.prefix(inputs_embeds=features[None], cache=cache, use_cache=True).last_hidden_state[0]
+
+    def logits(self, hidden: torch.Tensor, path_embeds: torch.Tensor, vocab: DraftVocabulary, head: int) -> torch.Tensor:
+        x = self.first[head](torch.cat([hidden, path_embeds.flatten(-2)], dim=-1))
+        for _ in range(self.repeats):
+            x = self.repeated[head](x)
+        return self.projections[head](x)
+
+
+UPSTREAM_HEAD_FILE = "hydra_lm_head.pt"
+
+
+def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads | HydraPrefixHeads, DraftVocabulary, str]:
+    """(heads, vocabulary, fingerprint) of a checkpoint made by `python -m bench.train method=hydra`, or of a
+    published Hydra++ one (config.json with `hydra_head_arch: prefix-mlp` + hydra_lm_head.pt)."""
     folder = checkpoint_folder(checkpoint, "Hydra")
-    config, state = read_heads(folder, "hydra", TRAIN_COMMAND)
-    heads = HydraHeads(target.get_output_embeddings().weight.shape[1], config["num_heads"], config["num_layers"])
-    heads.load_state_dict({k: v for k, v in state.items() if k != "draft_vocab_ids"})
-    vocab = DraftVocabulary(target.get_output_embeddings(), state.get("draft_vocab_ids"))
+    config_path = folder / "config.json"
+    upstream = json.loads(config_path.read_text()) if config_path.exists() else {}
+    lm_head = target.get_output_embeddings()
+    if "hydra_head_arch" in upstream:
+        heads = _load_upstream(folder, upstream, target)
+        vocab = DraftVocabulary(lm_head)
+    else:
+        config, state = read_heads(folder, "hydra", TRAIN_COMMAND)
+        heads = HydraHeads(lm_head.weight.shape[1], config["num_heads"], config["num_layers"])
+        heads.load_state_dict({k: v for k, v in state.items() if k != "draft_vocab_ids"})
+        vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 
-class HydraDrafter(LastFeatureDrafter):
-    """Builds the static choices tree level by level; level d's tokens come from head d-1 reading each parent's path."""
+def _load_upstream(folder: Path, config: dict, target) -> HydraPrefixHeads:
+    arch, grounded = config["hydra_head_arch"], config.get("grounded_heads", False)
+    if arch != "prefix-mlp" or not grounded or config.get("hidden_state_offset", 0):
+        raise ValueError(f"{folder}: Hydra head architecture {arch!r} (grounded_heads={grounded}, hidden_state_offset="
+                         f"{config.get('hidden_state_offset', 0)}) is not supported; methods/hydra.py loads Hydra++ "
+                         f"(prefix-mlp, grounded, offset 0) and its own checkpoints (python -m bench.train method=hydra)")
+    if not (folder / UPSTREAM_HEAD_FILE).exists():
+        raise MissingArtifactError(f"{folder} has a Hydra config.json but no {UPSTREAM_HEAD_FILE}; download the whole "
+                                   f"checkpoint folder (e.g. huggingface-cli download ankner/hydra-vicuna-7b-v1.3)")
+    state = torch.load(folder / UPSTREAM_HEAD_FILE, map_location="cpu", weights_only=True)
+    heads = HydraPrefixHeads(target.config, target.get_output_embeddings().weight.shape[0], config["hydra_num_heads"],
+                             config["hydra_num_layers"])
+    missing, _ = heads.load_state_dict(_from_upstream_keys(state), strict=False)
+    missing = [k for k in missing if not k.startswith("prefix.embed_tokens")]  # inputs come as features
+    if missing:
+        raise ValueError(f"{folder / UPSTREAM_HEAD_FILE} lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}: not a "
+                         f"Hydra++ checkpoint for this target")
+    return heads
 
+
+def _from_upstream_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """zankner/Hydra's keys -> HydraPrefixHeads': `prefix_embeding_layer.*` (its token embedding dropped),
+    `hydra_mlp.{k}.1.*` (first block), `hydra_mlp.{k}.3.*` (the repeated block, also stored at 5, 7, ...),
+    `hydra_lm_head.{k}.1.*` (projection)."""
+    mapped = {}
+    for key, value in state.items():
+        if key.startswith("prefix_embeding_layer.") and ".embed_tokens." not in key:
+            mapped["prefix." + key.removeprefix("prefix_embeding_layer.")] = value
+        elif key.startswith("hydra_mlp."):
+            _, head, position, rest = key.split(".", 3)
+            if position == "1":
+                mapped[f"first.{head}.{rest}"] = value
+            elif position == "3":
+                mapped[f"repeated.{head}.{rest}"] = value
+        elif key.startswith("hydra_lm_head."):
+            _, head, _, rest = key.split(".", 3)
+            mapped[f"projections.{head}.{rest}"] = value
+    return mapped
+
+
+class HydraDrafter(LastFeatureDrafter):
+    """Builds the static choices tree level by level; level d's tokens come from head d-1 reading each parent's path.
+    With Hydra++ heads, h_t is the prefix layer's output, its cache fed the target's features of the accepted rows."""
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: HydraHeads | None = None, vocab: DraftVocabulary | None = None):
@@ -120,6 +221,20 @@ class HydraDrafter(LastFeatureDrafter):
                 torch.tensor([ranks[i] for i in nodes], device=device),
                 max(ranks[i] for i in nodes) + 1,
             ))
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        if isinstance(self.heads, HydraPrefixHeads):
+            self.prefix_cache = new_cache()
+            hidden = self.heads.prefix_features(hidden, self.prefix_cache)
+        super().start(prompt_ids, hidden)
+
+    @torch.inference_mode()
+    def update(self, step) -> None:
+        if isinstance(self.heads, HydraPrefixHeads):
+            self.hidden = self.heads.prefix_features(step.hidden[step.acceptance.rows], self.prefix_cache)[-1]
+        else:
+            super().update(step)
 
     def _path(self, node: int) -> list[int]:
         path = []
