@@ -6,9 +6,14 @@ Step by step (gpt-fast's shape, generalised to trees):
   3. one target forward over [root, nodes..., aux...] with tree attention and depth-based positions;
   4. the acceptance rule picks the longest valid path and the bonus token after it;
   5. the KV cache keeps the past, the root and the accepted nodes; the bonus token becomes the next root.
+
+Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, draft, verify, accept; on CUDA the
+device is synchronised at each boundary) and how many tokens each verification forward carried
+(`TurnOutput.verified_tokens`), which the cost model (bench/costmodel.py) turns into a predicted speedup.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,10 +77,35 @@ class StopCondition:
         return any(s in tail for s in self.stop_strings)
 
 
+PHASES = ("prefill", "draft", "verify", "accept")
+
+
+class PhaseTimer:
+    """Seconds per phase of a turn: `lap(phase)` charges the time since the previous lap to `phase`. On CUDA each
+    lap synchronises the device, so a phase is charged for the GPU work it launched."""
+
+    def __init__(self, device: torch.device):
+        self.sync = device.type == "cuda"
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = self._now()
+        self.seconds[phase] += now - self._last
+        self._last = now
+
+
 @dataclass
 class TurnOutput:
     tokens: list[int]
     accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
+    verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
 
     @property
     def steps(self) -> int:
@@ -152,6 +182,7 @@ class SpeculativeEngine:
     def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
         """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        timer = PhaseTimer(self.device)
         cache = new_cache()
         prompt = torch.tensor([prompt_ids], device=self.device)
         logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
@@ -163,12 +194,16 @@ class SpeculativeEngine:
         else:
             self.drafter.start(list(prompt_ids), hidden=hidden)
         context = list(prompt_ids) + [root]
+        timer.lap("prefill")
         while not done:
             tree = self.drafter.propose(context, stop.max_new_tokens - len(out.tokens))
             if tree is not None and not len(tree) and not tree.aux_tokens:
                 tree = None
             past_len = cache.get_seq_length()
-            logits, hidden = self._forward(**self._verify_inputs(root, tree, past_len), cache=cache)
+            inputs = self._verify_inputs(root, tree, past_len)
+            timer.lap("draft")
+            logits, hidden = self._forward(**inputs, cache=cache)
+            timer.lap("verify")
             acceptance = self._accept(logits, tree, generator)
             keep_accepted_kv(cache, past_len, acceptance.rows)
             self.drafter.update(StepResult(tree, logits, acceptance, hidden))
@@ -177,4 +212,7 @@ class SpeculativeEngine:
             out.accept_lengths.append(len(out.tokens) - before)
             root = acceptance.tokens[-1]
             context.extend(acceptance.tokens)
+            out.verified_tokens.append(inputs["input_ids"].shape[1])
+            timer.lap("accept")
+        out.phase_seconds = timer.seconds
         return out

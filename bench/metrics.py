@@ -8,6 +8,12 @@
 - speedup_ci_low / speedup_ci_high = 95% percentile interval of the speedup from a paired bootstrap over questions
   (seeded; NaN under two paired questions). #MAT has none: under greedy decoding it is the same every run.
 - cpu_share / starved: bench.contention's starvation check over the method's and its paired vanilla's turns.
+- prefill_share / draft_share / verify_share / accept_share = the method's seconds in each engine phase over its
+  generation wall time (what is left is the timer's own overhead); mean_verified_tokens = tokens per verification
+  forward (root + draft nodes + lookahead's window), decode steps only.
+- predicted_speedup: what the target's forward-time profile predicts from the run's own steps (bench/costmodel.py);
+  model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile explains), gap_flagged when the
+  prediction lies outside the speedup's 95% interval: time spent outside drafting and the target's forward.
 Token counts come from generated ids, never from re-tokenised text.
 """
 from __future__ import annotations
@@ -18,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from bench.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
+from bench.costmodel import Profile, predicted_speedup
+from bench.engine import PHASES
 from tasks import task_of
 
 ACCEPT_POSITIONS = 5
@@ -60,8 +68,20 @@ def speedup_text(speedup: float, low: float = math.nan, high: float = math.nan) 
     return f"{speedup:.2f}x" if math.isnan(low) else f"{speedup:.2f}x ({low:.2f}-{high:.2f})"
 
 
+def step_facts(records: list[dict]) -> dict:
+    """Phase shares of the wall time and mean verified tokens per decode step (NaN for records without them)."""
+    choices = [r["choices"][0] for r in records]
+    if not choices or any("phase_times" not in c for c in choices):
+        return {**{f"{p}_share": math.nan for p in PHASES}, "mean_verified_tokens": math.nan}
+    wall = sum(sum(c["wall_time"]) for c in choices)
+    facts = {f"{p}_share": sum(t[p] for c in choices for t in c["phase_times"]) / wall for p in PHASES}
+    verified = [n for c in choices for turn in c["verified_tokens"] for n in turn]
+    facts["mean_verified_tokens"] = sum(verified) / len(verified) if verified else math.nan
+    return facts
+
+
 def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict], threshold: float,
-         ci_samples: int, ci_seed: int) -> dict:
+         ci_samples: int, ci_seed: int, profile: Profile | None = None) -> dict:
     new_tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
     steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in records)
     speed = sum(tokens_per_second(r) for r in records) / len(records)
@@ -91,18 +111,23 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
     }
     for k in range(1, ACCEPT_POSITIONS + 1):
         row[f"accept_rate_pos{k}"] = sum(a >= k for a in accepts) / len(accepts) if accepts else math.nan
+    row.update(step_facts(records))
+    predicted = predicted_speedup(records, profile) if profile is not None else math.nan
+    row["predicted_speedup"] = predicted
+    row["model_gap"] = row["speedup"] / predicted - 1 if predicted == predicted else math.nan
+    row["gap_flagged"] = bool(predicted == predicted and low == low and not low <= predicted <= high)
     return row
 
 
 def summarize(method: str, records: list[dict], baselines: dict[int, dict], *,
               starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD, ci_samples: int = BOOTSTRAP_SAMPLES,
-              ci_seed: int = 0) -> pd.DataFrame:
+              ci_seed: int = 0, profile: Profile | None = None) -> pd.DataFrame:
     """One row per task present in `records`, plus `overall`. `baselines` maps question_id to vanilla's record;
-    ci_samples=0 skips the bootstrap."""
+    ci_samples=0 skips the bootstrap; without a `profile` the predicted speedup is NaN."""
     by_task: dict[str, list[dict]] = {}
     for record in records:
         by_task.setdefault(task_of(record["category"]), []).append(record)
-    settings = (starvation_threshold, ci_samples, ci_seed)
+    settings = (starvation_threshold, ci_samples, ci_seed, profile)
     rows = [_row(method, task, rs, baselines, *settings) for task, rs in by_task.items()]
     rows.append(_row(method, "overall", records, baselines, *settings))
     return pd.DataFrame(rows)

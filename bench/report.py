@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench import method_label
 from bench.contention import DEFAULT_STARVATION_THRESHOLD
+from bench.costmodel import Profile
+from bench.engine import PHASES
 from bench.metrics import ACCEPT_POSITIONS, decode_step_accepts, speedup_text, summarize
 from bench.records import read_jsonl
 from tasks import task_of
@@ -33,8 +36,11 @@ TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
 MAT_COLUMN, OVERALL_COLUMN = "#Mean Accepted Tokens", "Overall"
 SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature"]
 POSITION_COLUMNS = [f"accept_rate_pos{k}" for k in range(1, ACCEPT_POSITIONS + 1)]
+SHARE_COLUMNS = [f"{phase}_share" for phase in PHASES]
+COST_COLUMNS = ["predicted_speedup", "model_gap", "gap_flagged", "mean_verified_tokens", *SHARE_COLUMNS]
 VANILLA = "vanilla"
-PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position"]
+PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
+                 "forward_time"]
 
 
 # --- loading -------------------------------------------------------------------------------------------------------
@@ -76,7 +82,7 @@ def load_runs(root: Path) -> pd.DataFrame:
         meta = json.loads((run_dir / "meta.json").read_text())
         config = meta.get("config", {})
         method_cfg = config.get("method", {})
-        method = method_cfg.get("name") or "unknown"
+        method = method_label(method_cfg.get("name") or "unknown", method_cfg.get("budget"))
         answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
         is_vanilla = method_cfg.get("drafter") is None
         baselines = answers if is_vanilla else \
@@ -96,13 +102,14 @@ def load_runs(root: Path) -> pd.DataFrame:
             "method": method,
             "is_vanilla": is_vanilla,
             "method_config": json.dumps(method_cfg, sort_keys=True, default=str),
+            "profile": meta.get("profile"),
         }
         for record in answers.values():
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING, "torch", "transformers", "git_commit", "host", "limit",
-               "starvation_threshold", "method", "is_vanilla", "method_config", "task", "question_id", "record",
-               "baseline"]
+               "starvation_threshold", "method", "is_vanilla", "method_config", "profile", "task", "question_id",
+               "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -170,7 +177,7 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
                "exact_match", "numeric_ties", "exact_match_or_tie", "diverged_questions", "cpu_share", "starved",
-               *POSITION_COLUMNS, "n_tasks", "torch", "transformers", "finished", "runs"]
+               *POSITION_COLUMNS, *COST_COLUMNS, "n_tasks", "torch", "transformers", "finished", "runs"]
     if latest.empty:
         return pd.DataFrame(columns=columns)
     out = []
@@ -181,8 +188,9 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
             label = labels[setting, method_config]
             records = list(rows.record)
             own = {row.question_id: row.baseline for row in rows.itertuples() if row.baseline is not None}
-            summary = summarize(label, records, {**vanilla, **own},
-                                starvation_threshold=rows.starvation_threshold.max())
+            stored = next((p for p in rows.profile if p), None)  # the profile the run used, from its meta.json
+            summary = summarize(label, records, {**vanilla, **own}, starvation_threshold=rows.starvation_threshold.max(),
+                                profile=Profile(**stored) if stored else None)
             for _, row in summary.iterrows():
                 chosen = rows if row.task == "overall" else rows[rows.task == row.task]
                 exact, diverged = _exactness(list(chosen.record))
@@ -413,6 +421,79 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
 
 # --- writing -------------------------------------------------------------------------------------------------------
 
+def cost_table(board: pd.DataFrame) -> pd.DataFrame:
+    """Per method (overall): measured and predicted speedup, the gap, where its time went, tokens per forward."""
+    overall = board[(board.task == "overall") & (board.method != VANILLA)]
+    table = pd.DataFrame({
+        "method": overall.method,
+        "speedup": [speedup_text(*v) for v in zip(overall.speedup, overall.speedup_ci_low, overall.speedup_ci_high)],
+        "predicted": overall.predicted_speedup.map(lambda v: "—" if pd.isna(v) else f"{v:.2f}x"),
+        "gap": [("—" if pd.isna(g) else f"{g:+.0%}") + (" ⚑" if is_flagged(f) else "")
+                for g, f in zip(overall.model_gap, overall.gap_flagged)],
+        **{phase: overall[f"{phase}_share"].map(lambda v: "—" if pd.isna(v) else f"{v:.0%}") for phase in PHASES},
+        "verified/step": overall.mean_verified_tokens.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}"),
+        MAT_COLUMN: overall.mean_accepted_tokens.map(lambda v: f"{v:.2f}"),
+    })
+    return table.iloc[overall.speedup.fillna(-1).argsort()[::-1]].reset_index(drop=True)
+
+
+COST_NOTES = (
+    "Predicted = the speedup the target's forward-time profile (python -m bench.profile) predicts from the run's own "
+    "steps: each decode step costs t(verified tokens, context) plus the drafting time measured; vanilla t(1) per "
+    "token. Gap = measured / predicted - 1; ⚑ where the prediction lies outside the measured 95% interval: time "
+    "spent outside drafting and the target's forward (acceptance, cache compaction, masks, Python). prefill / draft "
+    "/ verify / accept = share of the method's generation time in each engine phase; verified/step = tokens per "
+    "verification forward (root + draft nodes + auxiliary)."
+)
+
+
+def profiles_of(group_runs: pd.DataFrame) -> list[Profile]:
+    """The distinct profiles the runs of one setting used."""
+    seen, out = set(), []
+    for stored in group_runs.profile:
+        if stored and json.dumps(stored, sort_keys=True) not in seen:
+            seen.add(json.dumps(stored, sort_keys=True))
+            out.append(Profile(**stored))
+    return out
+
+
+def plot_forward_time(profile: Profile, path: Path, title: str) -> None:
+    """t(L) / t(1) against L, one line per measured context length: what verifying L tokens costs here."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for context, row in zip(profile.contexts, profile.seconds):
+        ax.plot(profile.lengths, [s / row[0] for s in row], marker="o", label=f"context {context}")
+    ax.plot(profile.lengths, [1.0] * len(profile.lengths), color="black", linestyle="--", linewidth=1,
+            label="free verification")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens verified in one forward (L)")
+    ax.set_ylabel("t(L) / t(1)")
+    _title(ax, f"{title}\nforward time, threads {profile.setting.get('threads')}")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_predicted_vs_measured(board: pd.DataFrame, path: Path, title: str) -> None:
+    """One labelled point per method: predicted (x) against measured (y) overall speedup, with y = x."""
+    plt = _pyplot()
+    overall = board[(board.task == "overall") & (board.method != VANILLA)].dropna(subset=["predicted_speedup"])
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    for row in overall.itertuples():
+        errors = [[row.speedup - row.speedup_ci_low], [row.speedup_ci_high - row.speedup]]
+        ax.errorbar(row.predicted_speedup, row.speedup, yerr=None if pd.isna(row.speedup_ci_low) else errors,
+                    fmt="o", capsize=3)
+        ax.annotate(row.method, (row.predicted_speedup, row.speedup), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points")
+    values = [*overall.predicted_speedup, *overall.speedup, 1.0]
+    low, high = min(values) * 0.9, max(values) * 1.1
+    ax.plot([low, high], [low, high], color="black", linestyle="--", linewidth=1, label="measured = predicted")
+    ax.set_xlabel("predicted speedup (profile x the run's steps)")
+    ax.set_ylabel("measured speedup (95% interval)")
+    _title(ax, title)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 NOTES = (
     "Speedup = mean tokens/s of the method over a task's questions / the same for vanilla on the same questions "
     "(vanilla decoded interleaved in the method's run); in brackets its 95% interval from a paired bootstrap over "
@@ -466,7 +547,7 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
     flat.to_csv(out / "leaderboard.csv", index=False)
     flat.to_parquet(out / "leaderboard.parquet", index=False)
 
-    md = ["# Speculative decoding leaderboard", "", NOTES, ""]
+    md = ["# Speculative decoding leaderboard", "", NOTES, "", COST_NOTES, ""]
     acc_md = ["# Acceptance rate by draft position", "",
               "Share of decode steps (prefill steps left out) that accepted at least k drafted tokens.", ""]
     page, acceptance_rows, taken = [], [], set()
@@ -492,9 +573,18 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         lengths = {m: lengths[m] for m in table.Method if m in lengths}  # in the leaderboard's order
         plot_accept_histogram(lengths, out / plots["tokens per decode step"], title)
         plot_accept_by_position(acceptance, out / plots["acceptance by draft position"], title)
+        costs = cost_table(group)
+        cost_plots = {}
+        if group.predicted_speedup.notna().any():
+            cost_plots["predicted vs measured speedup"] = f"predicted_vs_measured-{name}.png"
+            plot_predicted_vs_measured(group, out / cost_plots["predicted vs measured speedup"], title)
+        for i, profile in enumerate(profiles_of(group_runs)):
+            cost_plots[f"forward time t(L)/t(1) ({i + 1})"] = f"forward_time-{name}-{i + 1}.png"
+            plot_forward_time(profile, out / cost_plots[f"forward time t(L)/t(1) ({i + 1})"], title)
 
         header = " · ".join(f"{k}: {v}" for k, v in facts.items())
-        md += [f"## {title}", "", header, "", markdown(shown) + warning, ""]
+        md += [f"## {title}", "", header, "", markdown(shown) + warning, "", "### Where the time goes", "",
+               markdown(costs), ""]
         shown_acc = acceptance.assign(**{c: acceptance[c].map(lambda v: f"{v:.3f}")
                                          for c in [*POSITION_COLUMNS, "mean_accepted_tokens"]})
         acc_md += [f"## {title}", "", markdown(shown_acc), ""]
@@ -502,6 +592,9 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
                     + (f"<p class='warn'>{html.escape(warning.strip().replace('**', ''))}</p>" if warning else "")
                     + "".join(f"<figure><img src='{html.escape(f)}' alt='{html.escape(k)}'><figcaption>"
                               f"{html.escape(k)}</figcaption></figure>" for k, f in plots.items())
+                    + "<h3>Where the time goes</h3>" + _html_table(costs)
+                    + "".join(f"<figure><img src='{html.escape(f)}' alt='{html.escape(k)}'><figcaption>"
+                              f"{html.escape(k)}</figcaption></figure>" for k, f in cost_plots.items())
                     + "<h3>Acceptance rate by draft position</h3>" + _html_table(shown_acc))
 
     (out / "leaderboard.md").write_text("\n".join(md))
@@ -514,6 +607,7 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
     (out / "index.html").write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Speculative decoding leaderboard</title>"
         f"<style>{style}</style></head><body><h1>Speculative decoding leaderboard</h1><p>{html.escape(NOTES)}</p>"
+        f"<p>{html.escape(COST_NOTES)}</p>"
         + "".join(page) + "</body></html>\n")
     return board
 

@@ -21,18 +21,23 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from bench.contention import available_cores, is_starved, machine_load, start_warnings, verdict
+from bench import method_label
+from bench.budget import AutoBudget
+from bench.costmodel import device_name
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.gpu import GpuMonitor
 from bench.metrics import speedup_text, summarize
 from bench.models import PROJECT_ROOT, context_window, eos_token_ids, load_model, resolve_device
+from bench.profile import profile_for_run
 from bench.records import AnswerFile, answer_record, config_key
 from bench.sampling import SamplingConfig
 from bench.timing import Timing, timed
 from bench.validate import validate
 from tasks import build_prompt, load_questions
 
-SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "mean_accepted_tokens",
-                   "exact_match", "cpu_share"]  # printed at the end of a run; speedup with its interval
+SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup",
+                   "mean_accepted_tokens", "mean_verified_tokens", "draft_share", "verify_share", "exact_match",
+                   "cpu_share"]  # printed at the end of a run; speedup with its interval
 
 
 def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
@@ -91,7 +96,9 @@ class QuestionDecoder:
             text = self.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
             conversation.append({"role": "assistant", "content": text})
             turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps,
-                          "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings)})
+                          "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings),
+                          "phase_times": {k: round(v, 6) for k, v in out.phase_seconds.items()},
+                          "verified_tokens": out.verified_tokens, "prompt_tokens": len(prompt)})
         return turns
 
     def _repeated(self, prompt: list[int], seed: int, where: str):
@@ -148,14 +155,6 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
                                     text=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = None, None
-    if device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-    else:
-        device_name = platform.processor() or platform.machine()
-        cpuinfo = Path("/proc/cpuinfo")
-        if cpuinfo.exists():
-            names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
-            device_name = names[0] if names else device_name
     return {
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git_commit": commit,
@@ -164,7 +163,7 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "device": str(device),
-        "device_name": device_name,
+        "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
         "dtype": cfg.model.dtype,
         "host": socket.gethostname(),
@@ -190,12 +189,16 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
     stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
                          tuple(cfg.gen.stop_strings), tokenizer)
-    method = cfg.method.name
+    auto = cfg.method.get("budget", "upstream") == "auto"
+    method = method_label(cfg.method.name, cfg.method.get("budget"))
     is_vanilla = cfg.method.get("drafter") is None
     context = context_window(model)
     plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
-    decode = QuestionDecoder(SpeculativeEngine(model, build_drafter(cfg.method, model, tokenizer, sampling), sampling),
-                             tokenizer, stop, device, context, cfg.repeats)
+    profile = profile_for_run(cfg, model, device, make=auto)
+    drafter = build_drafter(cfg.method, model, tokenizer, sampling)
+    if auto:
+        drafter = AutoBudget(drafter, profile, device)
+    decode = QuestionDecoder(SpeculativeEngine(model, drafter, sampling), tokenizer, stop, device, context, cfg.repeats)
     vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
 
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
@@ -253,11 +256,12 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         out_dir.mkdir(parents=True, exist_ok=True)
         summary = summarize(method, list(answers.records.values()), baselines.records,
                             starvation_threshold=cfg.starvation_threshold, ci_samples=cfg.bootstrap.samples,
-                            ci_seed=cfg.bootstrap.seed) if answers.records else None
+                            ci_seed=cfg.bootstrap.seed, profile=profile) if answers.records else None
         if summary is not None:
             summary.to_csv(out_dir / "summary.csv", index=False)
         meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key,
                 "skipped_questions": sorted(skipped.records), "start_warnings": warned,
+                "profile": None if profile is None else profile.__dict__,
                 **starvation_facts(summary, cfg.starvation_threshold)}
         (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"\n{method} on {cfg.task.name} ({cfg.model.name}, {cfg.model.dtype}, {device}) -> {out_dir}")

@@ -42,6 +42,7 @@ RULES = [
     ("model.dtype", lambda v: v in DTYPES, "one of " + ", ".join(DTYPES)),
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
+    ("method.budget", lambda v: v in ("upstream", "auto"), "upstream or auto"),
 ]
 _ABSENT = object()
 
@@ -53,5 +54,7 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not accepts(value):
             problems.append(f"{key}={value}: must be {allowed}")
+    if OmegaConf.select(cfg, "method.budget", default=None) == "auto" and cfg.method.get("drafter") is None:
+        problems.append(f"method.budget=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
     if problems:
         raise ConfigError("\n".join(problems))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,7 +88,9 @@ def base_checkpoint(tmp_path_factory):
 def tiny_overrides(checkpoint, out_dir) -> list[str]:
     """Overrides that point the CLI's config at the tiny checkpoint, on CPU, with short generations."""
     return [f"model.path={checkpoint}", "model.gguf_file=null", "model.package=null", "model.name=tiny",
-            "model.dtype=float64", "device=cpu", f"out_dir={out_dir}", "gen.max_new_tokens=12", "warmup_tokens=2"]
+            "model.dtype=float64", "device=cpu", f"out_dir={out_dir}", "gen.max_new_tokens=12", "warmup_tokens=2",
+            f"profile.dir={Path(out_dir).parent / 'profiles'}", "profile.lengths=[1,2,4,8]", "profile.contexts=[16,64]",
+            "profile.repeats=1"]
 
 
 @pytest.fixture

@@ -1,0 +1,202 @@
+"""The measured cost model: how long the target's forward takes for L verified tokens, and what that predicts.
+
+- A `Profile` holds t(L, c): the median seconds of one target forward over L new tokens after a cached context of c
+  tokens, measured by `python -m bench.profile` on one setting (model, device, dtype, threads, library versions)
+  and refused for any other. `forward_seconds` interpolates linearly between the measured L and c (clamped outside).
+- `predicted_tokens_per_s(record, profile)`: what a run's own steps should have cost on that profile. Each decode
+  step costs t(L_s, c_s) for the L_s tokens it verified at its context length c_s, plus the drafting time the run
+  measured; vanilla would have paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
+  out (acceptance, cache compaction, mask building, Python) is the gap between predicted and measured speedup.
+- `best_size`: the number of draft nodes that maximises predicted tokens/s given per-node acceptance estimates
+  (bench/budget.py's `budget=auto`).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from bench.kvcache import new_cache
+
+
+class ProfileError(Exception):
+    """No profile for this setting, or one made for another setting."""
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
+        name = names[0] if names else name
+    return name
+
+
+def profile_setting(model_cfg, device: torch.device, threads: int | None = None) -> dict:
+    """What a profile's times depend on; a profile is only used where this matches exactly."""
+    return {"model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
+            "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
+            "device": device.type, "device_name": device_name(device),
+            "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def profile_path(directory: str | Path, setting: dict) -> Path:
+    device = setting["device"] if setting["threads"] is None else f"{setting['device']}{setting['threads']}t"
+    return Path(directory).expanduser() / f"{setting['model']}-{device}-{setting['dtype']}.json"
+
+
+@dataclass
+class Profile:
+    """t(L, c) on one setting: seconds[i][j] for contexts[i] and lengths[j]."""
+
+    setting: dict
+    lengths: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]
+    repeats: int = 0
+    measured: str = ""
+
+    def forward_seconds(self, length: float, context: float) -> float:
+        """t(L, c), bilinear between the measured sizes and contexts, clamped to the measured range."""
+        per_context = [np.interp(length, self.lengths, row) for row in self.seconds]
+        return float(np.interp(context, self.contexts, per_context))
+
+    def relative(self, context: int | None = None) -> list[float]:
+        """t(L) / t(1) for each measured L, at `context` (default: the shortest measured)."""
+        c = self.contexts[0] if context is None else context
+        one = self.forward_seconds(1, c)
+        return [self.forward_seconds(length, c) / one for length in self.lengths]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path, setting: dict, command: str) -> "Profile":
+        """The profile at `path`, refused (ProfileError naming `command`) when missing or made for another setting."""
+        if not path.exists():
+            raise ProfileError(f"no forward-time profile for this setting at {path}; make it with: {command}")
+        data = json.loads(path.read_text())
+        if data["setting"] != setting:
+            changed = sorted(k for k in setting if data["setting"].get(k) != setting[k])
+            raise ProfileError(f"the profile at {path} was made for another setting ({', '.join(changed)} differ); "
+                               f"remake it with: {command} profile.force=true")
+        return cls(**data)
+
+
+def profile_command(model_name: str, device: torch.device, threads: int | None) -> str:
+    parts = [f"python -m bench.profile model={model_name}", f"device={device}"]
+    if device.type != "cuda" and threads:
+        parts.insert(0, f"OMP_NUM_THREADS={threads}")
+    return " ".join(parts)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.inference_mode()
+def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
+                          progress=None) -> list[list[float]]:
+    """Median seconds of a forward over L new tokens (all logits, as a verification step computes them) after a
+    cached context of c random tokens, for every c in `contexts` and L in `lengths`; one untimed forward first."""
+    device = model.device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    seconds = []
+    for context in contexts:
+        ids = torch.randint(0, vocab, (1, context + max(lengths)), generator=generator).to(device)
+        cache = new_cache()
+        model(input_ids=ids[:, :context], cache=cache, logits_to_keep=1)
+        row = []
+        for length in lengths:
+            times = []
+            for repeat in range(repeats + 1):
+                start = _now(device)
+                model(input_ids=ids[:, context : context + length], cache=cache)
+                elapsed = _now(device) - start
+                cache.crop(-length)
+                if repeat:
+                    times.append(elapsed)
+            row.append(statistics.median(times))
+            if progress is not None:
+                progress.update(1)
+        seconds.append(row)
+    return seconds
+
+
+# --- predictions from a run's records ----------------------------------------------------------------------------
+
+def turn_contexts(prompt_tokens: int, accept_lengths: list[int]) -> list[int]:
+    """The cached context length before each decode step of a turn: the prompt plus the tokens accepted so far
+    (accept_lengths starts with the prefill's one token)."""
+    contexts, length = [], prompt_tokens
+    for accepted in accept_lengths[:-1]:
+        length += accepted
+        contexts.append(length)
+    return contexts
+
+
+def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | None:
+    """(method seconds, vanilla seconds) that the profile predicts for a record's turns, or None when the record
+    lacks step data (older runs). Method: measured prefill + measured drafting + sum of t(L_s, c_s). Vanilla: the
+    same prefill + t(1, c) for every token after the first."""
+    choice = record["choices"][0]
+    if "verified_tokens" not in choice or "prompt_tokens" not in choice:
+        return None
+    method = vanilla = 0.0
+    start = 0
+    for turn, steps in enumerate(choice["decoding_steps"]):
+        accepts = choice["accept_lengths"][start : start + steps]
+        start += steps
+        phases = choice["phase_times"][turn]
+        contexts = turn_contexts(choice["prompt_tokens"][turn], accepts)
+        method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(length, c) for length, c in zip(choice["verified_tokens"][turn], contexts))
+        first_context = choice["prompt_tokens"][turn] + 1
+        new_tokens = choice["new_tokens"][turn]
+        vanilla += phases["prefill"] + sum(profile.forward_seconds(1, first_context + j) for j in range(new_tokens - 1))
+    return method, vanilla
+
+
+def predicted_speedup(records: list[dict], profile: Profile) -> float:
+    """The speedup the profile predicts for these records, aggregated as the measured one is (mean tokens/s of the
+    method over mean tokens/s of vanilla); NaN when a record has no step data."""
+    method_speeds, vanilla_speeds = [], []
+    for record in records:
+        seconds = predicted_seconds(record, profile)
+        if seconds is None:
+            return float("nan")
+        tokens = sum(record["choices"][0]["new_tokens"])
+        method_speeds.append(tokens / max(seconds[0], 1e-12))
+        vanilla_speeds.append(tokens / max(seconds[1], 1e-12))
+    return float(np.mean(method_speeds) / np.mean(vanilla_speeds)) if records else float("nan")
+
+
+def best_size(accept_probs: list[float], context: int, profile: Profile, aux: int = 0,
+              draft_seconds: float = 0.0) -> tuple[int, float]:
+    """(k, predicted tokens/s) for verifying the first k draft nodes: each step gives 1 + sum(accept_probs[:k])
+    tokens (node i accepted with probability accept_probs[i]; parents come first, so the kept nodes' accepted path
+    is the full tree's, cut) and costs t(1 + k + aux, context) + draft_seconds."""
+    best, best_rate, expected = 0, 0.0, 1.0
+    for k in range(len(accept_probs) + 1):
+        if k:
+            expected += accept_probs[k - 1]
+        rate = expected / (profile.forward_seconds(1 + k + aux, context) + draft_seconds)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best, best_rate

@@ -1,0 +1,84 @@
+"""`python -m bench.profile model=<m> [device=...] [profile.force=true]`: measure the target's forward time t(L, c).
+
+Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens (median of
+profile.repeats), on the device, dtype and torch threads a run would use, and stores it as JSON in profile.dir keyed
+by that setting (bench/costmodel.py). Runs read it for their predicted speedup; `method.budget=auto` makes it when
+missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from bench.costmodel import Profile, ProfileError, measure_forward_times, profile_command, profile_path, profile_setting
+from bench.models import context_window, load_model, resolve_device
+
+
+def find_profile(cfg: DictConfig, device: torch.device) -> Profile:
+    """The stored profile for this run's setting; ProfileError (with the command that makes it) otherwise."""
+    setting = profile_setting(cfg.model, device)
+    return Profile.load(profile_path(cfg.profile.dir, setting), setting,
+                        profile_command(cfg.model.name, device, setting["threads"]))
+
+
+def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
+    """Measure and store the profile for this setting (progress bar on stderr); returns it."""
+    setting = profile_setting(cfg.model, device)
+    lengths = sorted(set(int(n) for n in cfg.profile.lengths))
+    window = context_window(model)
+    contexts = sorted(set(int(c) for c in cfg.profile.contexts
+                          if window is None or c + max(lengths) <= window))
+    if not contexts:
+        raise ProfileError(f"no profile.contexts fit in the model's context window of {window} tokens")
+    with tqdm(total=len(lengths) * len(contexts), desc=f"profiling {cfg.model.name}", unit="point",
+              dynamic_ncols=True) as bar:
+        seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar)
+    profile = Profile(setting, lengths, contexts, seconds, cfg.profile.repeats, time.strftime("%Y-%m-%dT%H:%M:%S"))
+    profile.save(profile_path(cfg.profile.dir, setting))
+    return profile
+
+
+def profile_for_run(cfg: DictConfig, model, device: torch.device, make: bool) -> Profile | None:
+    """The run's profile: the stored one; if none fits, a new one when `make`, else None."""
+    try:
+        return find_profile(cfg, device)
+    except ProfileError as err:
+        if not make:
+            print(f"note: {err} (predicted speedups are left out)", file=sys.stderr)
+            return None
+        print(f"note: {err}; measuring it now", file=sys.stderr)
+        return make_profile(cfg, model, device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.run import compose_config
+
+    cfg = compose_config(*(sys.argv[1:] if argv is None else argv))
+    device = resolve_device(cfg.device)
+    if not cfg.profile.force:
+        try:
+            profile = find_profile(cfg, device)
+            print(f"a profile for this setting exists ({profile.measured}); profile.force=true remakes it")
+            print_profile(profile)
+            return
+        except ProfileError:
+            pass
+    model, _ = load_model(cfg.model, device)
+    print_profile(make_profile(cfg, model, device))
+
+
+def print_profile(profile: Profile) -> None:
+    print(f"t(L) in ms ({profile.setting['model']}, {profile.setting['device_name']}, {profile.setting['dtype']}, "
+          f"threads {profile.setting['threads']}):")
+    print("context " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
+    for context, row in zip(profile.contexts, profile.seconds):
+        print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))
+    print("t(L)/t(1) at the shortest context: " + " ".join(f"{r:.2f}" for r in profile.relative()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The cost model (bench/costmodel.py, bench/profile.py, bench/budget.py): profiles, phase times, predicted speedup,
+budget=auto."""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from bench.budget import AutoBudget, first_nodes
+from bench.costmodel import (Profile, ProfileError, best_size, measure_forward_times, predicted_speedup,
+                             profile_path, turn_contexts)
+from bench.engine import PHASES, SpeculativeEngine, StopCondition
+from bench.records import read_jsonl
+from bench.run import run
+from bench.timing import timed
+from bench.tree import DraftTree
+from methods.medusa import MedusaDrafter, MedusaHeads
+from methods.pld import PromptLookupDrafter
+from tests.conftest import VOCAB, vanilla_tokens
+
+SETTING = {"model": "tiny", "path": "x", "gguf_file": None, "dtype": "float64", "attn_implementation": None,
+           "device": "cpu", "device_name": "test cpu", "threads": 2, "torch": "2.13.0", "transformers": "5.24.0"}
+BASE, PER_TOKEN = 0.02, 0.005  # the fake model's forward sleeps BASE + PER_TOKEN x L seconds (>> its compute)
+
+
+def linear_profile(base: float = BASE, per_token: float = PER_TOKEN) -> Profile:
+    lengths, contexts = [1, 2, 4, 8, 16], [16, 256]
+    return Profile(SETTING, lengths, contexts, [[base + per_token * n for n in lengths] for _ in contexts])
+
+
+def test_profile_round_trips_and_is_refused_for_another_setting(tmp_path):
+    profile = linear_profile()
+    path = profile_path(tmp_path, SETTING)
+    assert path.name == "tiny-cpu2t-float64.json"
+    profile.save(path)
+    assert Profile.load(path, SETTING, "make it") == profile
+    with pytest.raises(ProfileError, match=r"another setting \(threads differ\).*make it profile.force=true"):
+        Profile.load(path, {**SETTING, "threads": 1}, "make it")
+    with pytest.raises(ProfileError, match="no forward-time profile.*make it"):
+        Profile.load(tmp_path / "none.json", SETTING, "make it")
+
+
+def test_profile_interpolates_between_measured_points():
+    profile = Profile(SETTING, [1, 4], [100, 300], [[1.0, 4.0], [3.0, 12.0]])
+    assert profile.forward_seconds(1, 100) == 1.0
+    assert profile.forward_seconds(2, 100) == 2.0  # linear in L
+    assert profile.forward_seconds(2.5, 200) == pytest.approx((2.5 + 7.5) / 2)  # and in context
+    assert profile.forward_seconds(64, 1000) == 12.0  # clamped
+    assert profile.relative() == [1.0, 4.0]
+
+
+def test_best_size_maximises_tokens_per_second():
+    profile = linear_profile()
+    probs = [0.9, 0.6, 0.3, 0.1]
+    rates = [(1 + sum(probs[:k])) / (BASE + PER_TOKEN * (1 + k)) for k in range(5)]
+    k, rate = best_size(probs, 100, profile)
+    assert k == max(range(5), key=rates.__getitem__) and rate == pytest.approx(max(rates))
+    assert best_size([0.01, 0.01], 100, profile)[0] == 0  # nothing pays
+    assert best_size(probs, 100, profile, draft_seconds=1.0)[0] == 4  # drafting cost is paid whatever k is
+
+
+def test_turn_contexts_follow_the_accepted_tokens():
+    assert turn_contexts(10, [1, 3, 1, 2]) == [11, 14, 15]
+
+
+def slowed(model, base: float = BASE, per_token: float = PER_TOKEN):
+    """The model with a forward that also sleeps base + per_token x L seconds (L: input tokens)."""
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(base + per_token * kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    return model
+
+
+@pytest.fixture
+def slow_model():
+    from tests.conftest import make_tiny_model
+
+    return slowed(make_tiny_model(seed=4))
+
+
+class NoisyOracle:
+    """Proposes a chain whose i-th token is vanilla's with probability q[i] (q: one number for every position),
+    stopping at the first miss (a wrong token there): node i is accepted with probability q[0] x ... x q[i]."""
+
+    def __init__(self, continuations: dict[tuple, list[int]], width: int, q, seed: int = 0):
+        self.continuations, self.width, self.rng = continuations, width, random.Random(seed)
+        self.q = q if isinstance(q, list) else [q] * width
+
+    def start(self, prompt_ids):
+        self.prompt = tuple(prompt_ids)
+
+    def propose(self, context, budget):
+        truth = self.continuations[self.prompt][len(context) - len(self.prompt):]
+        chain = []
+        for i, token in enumerate(truth[: min(self.width, budget - 1)]):
+            if self.rng.random() < self.q[i]:
+                chain.append(token)
+            else:
+                chain.append((token + 1) % VOCAB)
+                break
+        return DraftTree.chain(chain) if chain else None
+
+    def update(self, step):
+        pass
+
+
+def turn_record(out, wall: float, prompt: list[int]) -> dict:
+    return {"choices": [{"decoding_steps": [out.steps], "accept_lengths": out.accept_lengths,
+                         "new_tokens": [len(out.tokens)], "wall_time": [wall], "phase_times": [out.phase_seconds],
+                         "verified_tokens": [out.verified_tokens], "prompt_tokens": [len(prompt)]}]}
+
+
+def test_phase_times_add_up_and_the_profile_predicts_the_measured_speedup(slow_model, prompts):
+    """On a model whose forward costs BASE + PER_TOKEN x L, the measured profile is that function, every turn's phase
+    times add up to its wall time, and the speedup predicted from the run's own steps is the measured one."""
+    lengths, contexts = [1, 4, 8], [16, 64]
+    seconds = measure_forward_times(slow_model, lengths, contexts, repeats=2)
+    for row in seconds:
+        for n, s in zip(lengths, row):
+            assert BASE + PER_TOKEN * n <= s <= BASE + PER_TOKEN * n + 0.012  # + the tiny model's own compute
+    profile = Profile(SETTING, lengths, contexts, seconds)
+    stop = StopCondition(24)
+    continuations = {tuple(p): vanilla_tokens(slow_model, p, 24) for p in prompts}
+    oracle = SpeculativeEngine(slow_model, NoisyOracle(continuations, width=6, q=0.7))
+    plain = SpeculativeEngine(slow_model)
+    method_records, vanilla_records = [], []
+    for prompt in prompts:
+        for engine, records in ((plain, vanilla_records), (oracle, method_records)):
+            with timed(slow_model.device) as timing:
+                out = engine.generate(prompt, stop)
+            assert out.tokens == continuations[tuple(prompt)]
+            assert set(out.phase_seconds) == set(PHASES)
+            assert 0.97 * timing.wall <= sum(out.phase_seconds.values()) <= timing.wall
+            assert len(out.verified_tokens) == out.steps - 1
+            records.append(turn_record(out, timing.wall, prompt))
+    speeds = [[sum(r["choices"][0]["new_tokens"]) / r["choices"][0]["wall_time"][0] for r in rs]
+              for rs in (method_records, vanilla_records)]
+    measured = statistics.mean(speeds[0]) / statistics.mean(speeds[1])
+    assert measured > 1.2  # the oracle pays here
+    assert predicted_speedup(method_records, profile) == pytest.approx(measured, rel=0.08)
+    assert predicted_speedup(vanilla_records, profile) == pytest.approx(1.0, rel=0.05)
+
+
+def test_budget_auto_picks_the_known_best_size(slow_model, prompts):
+    """With node i accepted with probability q[0] x ... x q[i] and a linear t(L), the best chain length is known
+    (3 here, ~9% ahead of 2 and 4); after its warm-up, AutoBudget verifies that many tokens on most steps, and stays
+    lossless."""
+    q, width = [0.95] * 3 + [0.2] * 5, 8
+    profile = linear_profile(BASE, BASE / 3)  # what the planner believes (it plans from the profile alone)
+    truth = [1.0]
+    for x in q:
+        truth.append(truth[-1] * x)
+    known_best, _ = best_size(truth[1:], 64, profile)
+    assert known_best == 3
+    continuations = {tuple(p): vanilla_tokens(slow_model, p, 60) for p in prompts}
+    auto = AutoBudget(NoisyOracle(continuations, width, q, seed=1), profile, slow_model.device, probe_share=0.05)
+    engine = SpeculativeEngine(slow_model, auto)
+    for prompt in prompts:
+        assert engine.generate(prompt, StopCondition(60)).tokens == continuations[tuple(prompt)]
+    planned = [k for k in auto.plans[auto.warmup_steps:] if k is not None]  # None: a probe
+    assert statistics.mode(planned) == known_best and planned.count(known_best) > 0.7 * len(planned)
+
+
+def test_budget_auto_stops_drafting_when_nothing_pays(tiny_model, prompts, one_thread):
+    """Verification that costs 20 x a single-token forward per extra token: no draft pays, so after the warm-up the
+    drafter is not called, except for rare probes."""
+    profile = Profile(SETTING, [1, 2], [16], [[0.001, 0.021]])
+    calls = []
+
+    class Counting(PromptLookupDrafter):
+        def propose(self, context, budget):
+            calls.append(len(context))
+            return super().propose(context, budget)
+
+    auto = AutoBudget(Counting(tiny_model), profile, tiny_model.device, warmup_steps=4)
+    engine = SpeculativeEngine(tiny_model, auto)
+    for prompt in prompts:
+        assert engine.generate(prompt, StopCondition(40)).tokens == vanilla_tokens(tiny_model, prompt, 40)
+    assert auto.plans.count(-1) > 0.9 * len(auto.plans) and len(calls) < 0.1 * len(auto.plans) + 4
+
+
+def test_first_nodes_keep_a_tree_and_its_window():
+    tree = DraftTree([5, 6, 7, 8], [-1, -1, 0, 2], torch.rand(4, 9), "without_replacement", aux_tokens=[1, 2],
+                     aux_depths=[1, 2], aux_mask=torch.ones(2, 2, dtype=torch.bool))
+    cut = first_nodes(tree, 3)
+    assert cut.tokens == [5, 6, 7] and cut.parents == [-1, -1, 0] and cut.draft_probs.shape == (3, 9)
+    assert cut.aux_tokens == [1, 2] and cut.siblings == "without_replacement" and first_nodes(tree, 9) is tree
+
+
+def test_budget_auto_trees_are_lossless(tiny_model, prompts, one_thread):
+    torch.manual_seed(0)
+    heads = MedusaHeads(64, 3).double()
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    profile = linear_profile(0.001, 0.0002)
+    auto = AutoBudget(MedusaDrafter(tiny_model, choices="mc_sim_7b_63", tree_size=20, heads=heads), profile,
+                      tiny_model.device)
+    engine = SpeculativeEngine(tiny_model, auto)
+    for prompt in prompts:
+        assert engine.generate(prompt, StopCondition(40)).tokens == vanilla_tokens(tiny_model, prompt, 40)
+    assert None in auto.plans and len(set(auto.plans)) > 1
+
+
+def test_run_with_budget_auto_makes_the_profile_and_reports_time_shares(compose, tmp_path):
+    summary = run(compose("method=pld", "method.budget=auto", "task=qa", "task.limit=2"))
+    out = tmp_path / "run"
+    answers = read_jsonl(out / "answers.jsonl")
+    assert {a["method"] for a in answers} == {"pld+auto"} and all(a["exact_match"] for a in answers)
+    profiles = list((tmp_path / "profiles").glob("tiny-*.json"))
+    assert len(profiles) == 1 and json.loads(profiles[0].read_text())["lengths"] == [1, 2, 4, 8]
+    row = summary.iloc[-1]
+    shares = sum(row[f"{p}_share"] for p in PHASES)
+    assert 0.9 < shares <= 1.0 and row.mean_verified_tokens >= 1.0 and row.predicted_speedup > 0
+    assert "predicted_speedup" in pd.read_csv(out / "summary.csv").columns
+
+
+def test_out_dir_names_auto_runs_apart(compose):
+    from bench.run import compose_config
+
+    assert compose_config("method=pld").out_dir.endswith("/pld/mt_bench")
+    assert compose_config("method=pld", "method.budget=auto").out_dir.endswith("/pld+auto/mt_bench")
+
+
+def test_budget_auto_is_refused_for_vanilla_and_bad_values(compose):
+    from bench.validate import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="method.budget=auto: method=vanilla drafts nothing"):
+        validate(compose("+method.budget=auto"))
+    with pytest.raises(ConfigError, match="method.budget=big: must be upstream or auto"):
+        validate(compose("method=pld", "method.budget=big"))
+
+
+def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compose, tmp_path):
+    """Two runs (pld with its upstream setting, then pld+auto, which makes the profile) -> the report's cost table
+    has both with measured and predicted speedups and phase shares, and plots the profile."""
+    from bench.report import write_report
+    from tests.test_report import table_rows
+
+    run(compose("method=pld", "task=qa", "task.limit=2", "out_dir=" + str(tmp_path / "runs" / "pld")))
+    run(compose("method=pld", "method.budget=auto", "task=qa", "task.limit=2",
+                "out_dir=" + str(tmp_path / "runs" / "pld+auto")))
+    board = write_report(tmp_path / "runs", tmp_path / "report")
+    overall = board[board.task == "overall"].set_index("method")
+    assert pd.isna(overall.loc["pld", "predicted_speedup"])  # made before any profile existed
+    assert overall.loc["pld+auto", "predicted_speedup"] > 0 and overall.loc["pld+auto", "verify_share"] > 0.2
+    text = (tmp_path / "report" / "leaderboard.md").read_text()
+    costs = table_rows(text.split("### Where the time goes")[1])
+    assert costs[0][:4] == ["method", "speedup", "predicted", "gap"] and {r[0] for r in costs[2:]} == {"pld", "pld+auto"}
+    auto_row = next(r for r in costs[2:] if r[0] == "pld+auto")
+    assert auto_row[2].endswith("x") and auto_row[4].endswith("%")
+    assert len(list((tmp_path / "report").glob("forward_time-*.png"))) == 1
+    assert len(list((tmp_path / "report").glob("predicted_vs_measured-*.png"))) == 1
