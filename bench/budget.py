@@ -61,8 +61,9 @@ class AutoBudget:
         """(nodes to verify, None: all; whether to call the drafter) for the next step."""
         probs = self.accept_probs() + [self.prior[0] / self.prior[1]] * max(0, self.full_size - len(self.hits))
         k, rate = best_size(probs[: self.full_size], context_len, self.profile, self.aux, self.draft_seconds)
-        plain = 1.0 / self.profile.forward_seconds(1, context_len)
-        step_seconds = self.profile.forward_seconds(1 + k + self.aux, context_len) if k else 1 / plain
+        plain = self.profile.forward_seconds(1, context_len)
+        draft = k > 0 and rate * plain > 1.0  # beats a plain step
+        step_seconds = self.profile.forward_seconds(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
         self.probe_credit += self.probe_share * step_seconds
         probe_cost = (self.draft_seconds + self.profile.forward_seconds(1 + self.full_size + self.aux, context_len)
                       - step_seconds)
@@ -70,7 +71,7 @@ class AutoBudget:
             if self.steps >= self.warmup_steps:
                 self.probe_credit -= probe_cost
             return None, True  # a probe: the whole tree
-        return k, k > 0 and rate > plain
+        return k, draft
 
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
         k, draft = self._plan(len(context))
