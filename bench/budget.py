@@ -74,7 +74,7 @@ class AutoBudget:
         return k, draft
 
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        k, draft = self._plan(len(context))
+        k, draft = self._plan(len(context) - 1)  # cached tokens: all but the root
         self.steps += 1
         self.plans.append(k if draft else -1)
         if not draft:

@@ -143,9 +143,9 @@ def measure_forward_times(model, lengths: list[int], contexts: list[int], repeat
 # --- predictions from a run's records ----------------------------------------------------------------------------
 
 def turn_contexts(prompt_tokens: int, accept_lengths: list[int]) -> list[int]:
-    """The cached context length before each decode step of a turn: the prompt plus the tokens accepted so far
-    (accept_lengths starts with the prefill's one token)."""
-    contexts, length = [], prompt_tokens
+    """The cached context length before each decode step of a turn: the prompt plus the tokens accepted so far but
+    the last (the step's root, verified in it); accept_lengths starts with the prefill's one token."""
+    contexts, length = [], prompt_tokens - 1
     for accepted in accept_lengths[:-1]:
         length += accepted
         contexts.append(length)
@@ -167,9 +167,8 @@ def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | N
         phases = choice["phase_times"][turn]
         contexts = turn_contexts(choice["prompt_tokens"][turn], accepts)
         method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(length, c) for length, c in zip(choice["verified_tokens"][turn], contexts))
-        first_context = choice["prompt_tokens"][turn] + 1
-        new_tokens = choice["new_tokens"][turn]
-        vanilla += phases["prefill"] + sum(profile.forward_seconds(1, first_context + j) for j in range(new_tokens - 1))
+        prompt, new_tokens = choice["prompt_tokens"][turn], choice["new_tokens"][turn]
+        vanilla += phases["prefill"] + sum(profile.forward_seconds(1, prompt + j) for j in range(new_tokens - 1))
     return method, vanilla
 
 

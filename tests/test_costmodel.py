@@ -65,7 +65,7 @@ def test_best_size_maximises_tokens_per_second():
 
 
 def test_turn_contexts_follow_the_accepted_tokens():
-    assert turn_contexts(10, [1, 3, 1, 2]) == [11, 14, 15]
+    assert turn_contexts(10, [1, 3, 1, 2]) == [10, 13, 14]  # the root of each step is not cached yet
 
 
 def slowed(model, base: float = BASE, per_token: float = PER_TOKEN):
