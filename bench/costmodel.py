@@ -114,30 +114,29 @@ def _now(device: torch.device) -> float:
 def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
                           progress=None) -> list[list[float]]:
     """Median seconds of a forward over L new tokens (all logits, as a verification step computes them) after a
-    cached context of c random tokens, for every c in `contexts` and L in `lengths`; one untimed forward first."""
+    cached context of c random tokens, for every c in `contexts` and L in `lengths`. Repeats go round-robin over
+    all the points (after one untimed round), so that a machine whose speed drifts moves every point alike."""
     device = model.device
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
-    seconds = []
+    ids, caches = [], []
     for context in contexts:
-        ids = torch.randint(0, vocab, (1, context + max(lengths)), generator=generator).to(device)
-        cache = new_cache()
-        model(input_ids=ids[:, :context], cache=cache, logits_to_keep=1)
-        row = []
-        for length in lengths:
-            times = []
-            for repeat in range(repeats + 1):
+        ids.append(torch.randint(0, vocab, (1, context + max(lengths)), generator=generator).to(device))
+        caches.append(new_cache())
+        model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
+    times = [[[] for _ in lengths] for _ in contexts]
+    for repeat in range(repeats + 1):
+        for i, context in enumerate(contexts):
+            for j, length in enumerate(lengths):
                 start = _now(device)
-                model(input_ids=ids[:, context : context + length], cache=cache)
+                model(input_ids=ids[i][:, context : context + length], cache=caches[i])
                 elapsed = _now(device) - start
-                cache.crop(-length)
+                caches[i].crop(-length)
                 if repeat:
-                    times.append(elapsed)
-            row.append(statistics.median(times))
-            if progress is not None:
-                progress.update(1)
-        seconds.append(row)
-    return seconds
+                    times[i][j].append(elapsed)
+        if progress is not None and repeat:
+            progress.update(1)
+    return [[statistics.median(point) for point in row] for row in times]
 
 
 # --- predictions from a run's records ----------------------------------------------------------------------------

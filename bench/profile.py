@@ -34,8 +34,7 @@ def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
                           if window is None or c + max(lengths) <= window))
     if not contexts:
         raise ProfileError(f"no profile.contexts fit in the model's context window of {window} tokens")
-    with tqdm(total=len(lengths) * len(contexts), desc=f"profiling {cfg.model.name}", unit="point",
-              dynamic_ncols=True) as bar:
+    with tqdm(total=cfg.profile.repeats, desc=f"profiling {cfg.model.name}", unit="round", dynamic_ncols=True) as bar:
         seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar)
     profile = Profile(setting, lengths, contexts, seconds, cfg.profile.repeats, time.strftime("%Y-%m-%dT%H:%M:%S"))
     profile.save(profile_path(cfg.profile.dir, setting))
