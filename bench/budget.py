@@ -13,11 +13,10 @@ verifies whatever is kept, and a cut tree is still a tree (sibling draws stay pr
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from bench.costmodel import Profile, best_size
+from bench.timing import device_time
 from bench.tree import DraftTree
 
 
@@ -79,11 +78,9 @@ class AutoBudget:
         self.plans.append(k if draft else -1)
         if not draft:
             return None
-        start = time.perf_counter()
+        start = device_time(self.device)
         tree = self.inner.propose(context, budget if k is None else min(budget, k + 1))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
+        elapsed = device_time(self.device) - start
         self.drafted_steps += 1
         self.draft_seconds += (elapsed - self.draft_seconds) / self.drafted_steps
         if tree is None:

@@ -3,7 +3,8 @@
 - A `Profile` holds t(L, c): the median seconds of one target forward over L new tokens after a cached context of c
   tokens, measured by `python -m bench.profile` on one setting (model, device, dtype, threads, library versions)
   and refused for any other. `forward_seconds` interpolates linearly between the measured L and c (clamped outside).
-- `predicted_tokens_per_s(record, profile)`: what a run's own steps should have cost on that profile. Each decode
+- `predicted_seconds(record, profile)` / `predicted_speedup(records, profile)`: what a run's own steps should have
+  cost on that profile. Each decode
   step costs t(L_s, c_s) for the L_s tokens it verified at its context length c_s, plus the drafting time the run
   measured; vanilla would have paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
   out (acceptance, cache compaction, mask building, Python) is the gap between predicted and measured speedup.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import torch
 import transformers
 
 from bench.kvcache import new_cache
+from bench.timing import device_time
 
 
 class ProfileError(Exception):
@@ -104,12 +105,6 @@ def profile_command(model_name: str, device: torch.device, threads: int | None) 
     return " ".join(parts)
 
 
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 @torch.inference_mode()
 def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
                           progress=None) -> list[list[float]]:
@@ -128,9 +123,9 @@ def measure_forward_times(model, lengths: list[int], contexts: list[int], repeat
     for repeat in range(repeats + 1):
         for i, context in enumerate(contexts):
             for j, length in enumerate(lengths):
-                start = _now(device)
+                start = device_time(device)
                 model(input_ids=ids[i][:, context : context + length], cache=caches[i])
-                elapsed = _now(device) - start
+                elapsed = device_time(device) - start
                 caches[i].crop(-length)
                 if repeat:
                     times[i][j].append(elapsed)
@@ -164,9 +159,9 @@ def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | N
         accepts = choice["accept_lengths"][start : start + steps]
         start += steps
         phases = choice["phase_times"][turn]
-        contexts = turn_contexts(choice["prompt_tokens"][turn], accepts)
-        method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(length, c) for length, c in zip(choice["verified_tokens"][turn], contexts))
         prompt, new_tokens = choice["prompt_tokens"][turn], choice["new_tokens"][turn]
+        verified = zip(choice["verified_tokens"][turn], turn_contexts(prompt, accepts))
+        method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(n, c) for n, c in verified)
         vanilla += phases["prefill"] + sum(profile.forward_seconds(1, prompt + j) for j in range(new_tokens - 1))
     return method, vanilla
 

@@ -13,7 +13,6 @@ device is synchronised at each boundary) and how many tokens each verification f
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +22,7 @@ from transformers import DynamicCache
 from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
 from bench.kvcache import attention_windows, new_cache, tree_attention_mask
 from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.timing import device_time
 from bench.tree import DraftTree
 
 
@@ -85,17 +85,12 @@ class PhaseTimer:
     lap synchronises the device, so a phase is charged for the GPU work it launched."""
 
     def __init__(self, device: torch.device):
-        self.sync = device.type == "cuda"
+        self.device = device
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self._last = self._now()
-
-    def _now(self) -> float:
-        if self.sync:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        self._last = device_time(device)
 
     def lap(self, phase: str) -> None:
-        now = self._now()
+        now = device_time(self.device)
         self.seconds[phase] += now - self._last
         self._last = now
 

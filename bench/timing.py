@@ -17,6 +17,13 @@ class Timing:
     threads: int | None = None
 
 
+def device_time(device: torch.device) -> float:
+    """time.perf_counter() once the device's queued work is done (CUDA is synchronised first)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 @contextmanager
 def timed(device: torch.device):
     """Yields a Timing that holds the elapsed seconds once the block ends (CUDA work included)."""
