@@ -26,11 +26,17 @@ def greedy_accept(logits: torch.Tensor, tree: DraftTree | None) -> Acceptance:
     """Longest path whose every token equals the target's argmax after its parent. logits: [L, vocab]."""
     if tree is None or not len(tree):
         return Acceptance([0], [int(logits[0].argmax())])
-    target = logits[: 1 + len(tree)].argmax(-1).tolist()  # the one host sync of the step
+    return greedy_path(logits[: 1 + len(tree)].argmax(-1).tolist(), tree)  # the one host sync of the step
+
+
+def greedy_path(target: list[int], tree: DraftTree | None) -> Acceptance:
+    """greedy_accept given the target's argmax token at each input row (root first), already on the host."""
     row, rows, tokens = 0, [0], []
     while True:
         token = target[row]
         tokens.append(token)
+        if tree is None:
+            return Acceptance(rows, tokens)
         child = next((c for c in tree.children[row] if tree.tokens[c] == token), None)
         if child is None:
             return Acceptance(rows, tokens)

@@ -29,15 +29,14 @@ def first_nodes(tree: DraftTree, k: int) -> DraftTree:
                      tree.aux_mask)
 
 
-class AutoBudget:
-    """A drafter that verifies as much of another drafter's tree as the cost model says pays (see module doc)."""
+class SpeculationPlanner:
+    """How many draft nodes the next step should verify (see module doc): the run's per-node acceptance counts, the
+    drafting time per step and the profile of the target's forward at the batch size being decoded. The batch-1
+    wrapper `AutoBudget` and the batched engine's `batch_policy=adaptive` (bench/batched.py) both ask it."""
 
-    def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
-                 warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0)):
-        self.inner, self.profile, self.device = drafter, profile, device
-        self.probe_share, self.warmup_steps, self.prior = probe_share, warmup_steps, prior
-        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
-        self.artifact = getattr(drafter, "artifact", None)
+    def __init__(self, profile: Profile, probe_share: float = 0.03, warmup_steps: int = 4,
+                 prior: tuple[float, float] = (0.1, 1.0)):
+        self.profile, self.probe_share, self.warmup_steps, self.prior = profile, probe_share, warmup_steps, prior
         self.hits: list[float] = []  # per node index: times it was verified and accepted
         self.tries: list[float] = []  # per node index: times it was verified
         self.draft_seconds = 0.0  # mean drafting time of the steps that drafted
@@ -45,10 +44,99 @@ class AutoBudget:
         self.full_size, self.aux = 1, 0  # the drafter's last full tree: nodes, auxiliary nodes
         self.probe_credit = 0.0  # seconds of probing allowed so far
         self.plans: list[int | None] = []  # per step: nodes planned, None for a probe, -1 when the drafter rested
+        self.proposals = self.trees = 0  # batched: rows asked for a draft, rows that returned one
 
     def accept_probs(self) -> list[float]:
         a, b = self.prior
         return [(h + a) / (t + b) for h, t in zip(self.hits, self.tries)]
+
+    def _probs(self, size: int) -> list[float]:
+        """Acceptance estimates of nodes 0..size-1 (the prior where none was verified yet)."""
+        return (self.accept_probs() + [self.prior[0] / self.prior[1]] * size)[:size]
+
+    def plan(self, context_len: int, rows: int = 1) -> tuple[int | None, bool]:
+        """(nodes to verify, None: the whole tree (a probe); whether to call the drafter) for the next step, whose
+        forward attends `context_len` cached tokens. With `rows` > 1 (a batch sharing one forward) a row's expected
+        gain is scaled by the share of rows whose drafter returned a draft so far: the forward is as long for all."""
+        probs = self._probs(self.full_size)
+        if rows > 1:
+            share = (self.trees + 1) / (self.proposals + 1)
+            probs = [q * share for q in probs]
+        k, rate = best_size(probs, context_len, self.profile, self.aux, self.draft_seconds)
+        plain = self.profile.forward_seconds(1, context_len)
+        draft = k > 0 and rate * plain > 1.0  # beats a plain step
+        step_seconds = self.profile.forward_seconds(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
+        self.probe_credit += self.probe_share * step_seconds
+        probe_cost = (self.draft_seconds + self.profile.forward_seconds(1 + self.full_size + self.aux, context_len)
+                      - step_seconds)
+        self.steps += 1
+        if self.steps <= self.warmup_steps or self.probe_credit >= probe_cost:
+            if self.steps > self.warmup_steps:
+                self.probe_credit -= probe_cost
+            k, draft = None, True  # a probe: the whole tree
+        self.plans.append(k if draft else -1)
+        return k, draft
+
+    def cut(self, trees: list[DraftTree | None], context_len: int) -> int:
+        """Batched, after drafting: k such that verifying the first k nodes of every row's tree maximises this step's
+        predicted tokens/s, given how much each row drafted (rows without a draft gain nothing, yet the forward is
+        as long for them); 0: verify no draft at all."""
+        sizes = [0 if t is None else len(t) for t in trees]
+        aux = max((len(t.aux_tokens) for t in trees if t is not None), default=0)
+        cumulative = [0.0]
+        for q in self._probs(max(sizes)):
+            cumulative.append(cumulative[-1] + q)
+        rows, best, best_rate = len(trees), 0, len(trees) / (self.profile.forward_seconds(1, context_len) +
+                                                            self.draft_seconds)
+        for k in range(1, max(sizes) + 1):
+            gain = sum(cumulative[min(k, size)] for size in sizes)
+            rate = (rows + gain) / (self.profile.forward_seconds(1 + k + aux, context_len) + self.draft_seconds)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def drafted(self, seconds: float, full_trees: list[DraftTree] = (), rows: int = 1, trees: int = 1) -> None:
+        """A step's drafting time; on a probe, its whole trees (the largest sizes the next plans); batched, how many
+        rows were asked for a draft and how many returned one."""
+        self.proposals += rows
+        self.trees += trees
+        self.drafted_steps += 1
+        self.draft_seconds += (seconds - self.draft_seconds) / self.drafted_steps
+        for tree in full_trees:
+            self.full_size, self.aux = max(self.full_size, len(tree)), len(tree.aux_tokens)
+
+    def observe(self, tree: DraftTree | None, accepted_rows: list[int]) -> None:
+        """Count which nodes of a verified tree were accepted (rows: the kept path's input rows, root first)."""
+        if tree is None or not len(tree):
+            return
+        grow = len(tree) - len(self.tries)
+        if grow > 0:
+            self.tries += [0.0] * grow
+            self.hits += [0.0] * grow
+        for node in range(len(tree)):
+            self.tries[node] += 1
+        for row in accepted_rows[1:]:
+            if row <= len(tree):
+                self.hits[row - 1] += 1
+
+
+class AutoBudget:
+    """A drafter that verifies as much of another drafter's tree as the cost model says pays (see module doc)."""
+
+    def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
+                 warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0)):
+        self.inner, self.device = drafter, device
+        self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior)
+        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
+        self.artifact = getattr(drafter, "artifact", None)
+
+    @property
+    def plans(self) -> list[int | None]:
+        return self.planner.plans
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.planner.warmup_steps
 
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         if self.feature_layers:
@@ -56,50 +144,17 @@ class AutoBudget:
         else:
             self.inner.start(prompt_ids)
 
-    def _plan(self, context_len: int) -> tuple[int | None, bool]:
-        """(nodes to verify, None: all; whether to call the drafter) for the next step."""
-        probs = self.accept_probs() + [self.prior[0] / self.prior[1]] * max(0, self.full_size - len(self.hits))
-        k, rate = best_size(probs[: self.full_size], context_len, self.profile, self.aux, self.draft_seconds)
-        plain = self.profile.forward_seconds(1, context_len)
-        draft = k > 0 and rate * plain > 1.0  # beats a plain step
-        step_seconds = self.profile.forward_seconds(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
-        self.probe_credit += self.probe_share * step_seconds
-        probe_cost = (self.draft_seconds + self.profile.forward_seconds(1 + self.full_size + self.aux, context_len)
-                      - step_seconds)
-        if self.steps < self.warmup_steps or self.probe_credit >= probe_cost:
-            if self.steps >= self.warmup_steps:
-                self.probe_credit -= probe_cost
-            return None, True  # a probe: the whole tree
-        return k, draft
-
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        k, draft = self._plan(len(context) - 1)  # cached tokens: all but the root
-        self.steps += 1
-        self.plans.append(k if draft else -1)
+        k, draft = self.planner.plan(len(context) - 1)  # cached tokens: all but the root
         if not draft:
             return None
         start = device_time(self.device)
         tree = self.inner.propose(context, budget if k is None else min(budget, k + 1))
-        elapsed = device_time(self.device) - start
-        self.drafted_steps += 1
-        self.draft_seconds += (elapsed - self.draft_seconds) / self.drafted_steps
-        if tree is None:
-            return None
-        if k is None:  # a probe: the largest tree seen sizes the next plans
-            self.full_size, self.aux = max(self.full_size, len(tree)), len(tree.aux_tokens)
+        self.planner.drafted(device_time(self.device) - start, [tree] if k is None and tree is not None else [])
+        if tree is None or k is None:
             return tree
         return first_nodes(tree, k)
 
     def update(self, step) -> None:
-        tree = step.tree
-        if tree is not None and len(tree):
-            grow = len(tree) - len(self.tries)
-            if grow > 0:
-                self.tries += [0.0] * grow
-                self.hits += [0.0] * grow
-            for node in range(len(tree)):
-                self.tries[node] += 1
-            for row in step.acceptance.rows[1:]:
-                if row <= len(tree):
-                    self.hits[row - 1] += 1
+        self.planner.observe(step.tree, step.acceptance.rows)
         self.inner.update(step)

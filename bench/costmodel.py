@@ -43,9 +43,10 @@ def device_name(device: torch.device) -> str:
     return name
 
 
-def profile_setting(model_cfg, device: torch.device, threads: int | None = None) -> dict:
-    """What a profile's times depend on; a profile is only used where this matches exactly."""
-    return {"model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
+def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
+    """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
+    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before)."""
+    return {**({"batch": batch} if batch > 1 else {}), "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
             "device": device.type, "device_name": device_name(device),
             "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
@@ -54,7 +55,8 @@ def profile_setting(model_cfg, device: torch.device, threads: int | None = None)
 
 def profile_path(directory: str | Path, setting: dict) -> Path:
     device = setting["device"] if setting["threads"] is None else f"{setting['device']}{setting['threads']}t"
-    return Path(directory).expanduser() / f"{setting['model']}-{device}-{setting['dtype']}.json"
+    batch = f"-b{setting['batch']}" if setting.get("batch", 1) > 1 else ""
+    return Path(directory).expanduser() / f"{setting['model']}-{device}-{setting['dtype']}{batch}.json"
 
 
 @dataclass
@@ -98,8 +100,10 @@ class Profile:
         return cls(**data)
 
 
-def profile_command(model_name: str, device: torch.device, threads: int | None) -> str:
+def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1) -> str:
     parts = [f"python -m bench.profile model={model_name}", f"device={device}"]
+    if batch > 1:
+        parts.append(f"gen.batch_size={batch}")
     if device.type != "cuda" and threads:
         parts.insert(0, f"OMP_NUM_THREADS={threads}")
     return " ".join(parts)
@@ -107,16 +111,16 @@ def profile_command(model_name: str, device: torch.device, threads: int | None) 
 
 @torch.inference_mode()
 def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
-                          progress=None) -> list[list[float]]:
+                          progress=None, batch: int = 1) -> list[list[float]]:
     """Median seconds of a forward over L new tokens (all logits, as a verification step computes them) after a
-    cached context of c random tokens, for every c in `contexts` and L in `lengths`. Repeats go round-robin over
+    cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch` sequences at once. Repeats go round-robin over
     all the points (after one untimed round), so that a machine whose speed drifts moves every point alike."""
     device = model.device
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     ids, caches = [], []
     for context in contexts:
-        ids.append(torch.randint(0, vocab, (1, context + max(lengths)), generator=generator).to(device))
+        ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(device))
         caches.append(new_cache())
         model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
     times = [[[] for _ in lengths] for _ in contexts]

@@ -2,6 +2,11 @@
 
 - tokens/s of a question = its new tokens / its generation wall time (all turns), Spec-Bench's definition;
   a task's tokens/s is the mean over its questions; speedup = method tokens/s / vanilla tokens/s on the same questions.
+  At gen.batch_size > 1 a turn's wall time is its share of its batch's (its tokens over the batch's), so a
+  question's tokens/s is its batch's throughput (total tokens / batch seconds) and speedup is a throughput ratio
+  against vanilla decoded in the same batches.
+- mean_latency_s / baseline_mean_latency_s: mean seconds per turn until its last token (at batch 1, its wall time;
+  batched, from the batch's start), for the method and its vanilla baseline.
 - mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00).
 - accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
 - exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling).
@@ -36,6 +41,13 @@ BOOTSTRAP_SAMPLES = 2000
 def tokens_per_second(record: dict) -> float:
     choice = record["choices"][0]
     return sum(choice["new_tokens"]) / max(sum(choice["wall_time"]), 1e-9)
+
+
+def mean_latency(records: list[dict]) -> float:
+    """Mean seconds per turn from the start of its (batch's) decoding until its last token."""
+    choices = [r["choices"][0] for r in records]
+    latencies = [s for c in choices for s in c.get("latency", c["wall_time"])]
+    return sum(latencies) / len(latencies) if latencies else math.nan
 
 
 def decode_step_accepts(record: dict) -> list[int]:
@@ -104,6 +116,8 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "speedup_ci_low": low,
         "speedup_ci_high": high,
         "mean_accepted_tokens": new_tokens / steps,
+        "mean_latency_s": mean_latency(records),
+        "baseline_mean_latency_s": mean_latency([b for _, b in pairs]),
         "exact_match": sum(matches) / len(matches) if matches else math.nan,
         "numeric_ties": sum(bool(d.get("numeric_tie")) for d in divergences),
         "cpu_share": share,

@@ -1,8 +1,9 @@
-"""`python -m bench.profile model=<m> [device=...] [profile.force=true]`: measure the target's forward time t(L, c).
+"""`python -m bench.profile model=<m> [device=...] [gen.batch_size=B] [profile.force=true]`: measure the target's
+forward time t(L, c).
 
-Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens (median of
-profile.repeats), on the device, dtype and torch threads a run would use, and stores it as JSON in profile.dir keyed
-by that setting (bench/costmodel.py). Runs read it for their predicted speedup; `method.budget=auto` makes it when
+Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens, for
+gen.batch_size sequences at once (median of profile.repeats), on the device, dtype and torch threads a run would
+use, and stores it as JSON in profile.dir keyed by that setting (bench/costmodel.py). Runs read it for their predicted speedup; `method.budget=auto` makes it when
 missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
 """
 from __future__ import annotations
@@ -18,16 +19,21 @@ from bench.costmodel import Profile, ProfileError, measure_forward_times, profil
 from bench.models import context_window, load_model, resolve_device
 
 
+def batch_size(cfg: DictConfig) -> int:
+    return int(cfg.gen.get("batch_size", 1))
+
+
 def find_profile(cfg: DictConfig, device: torch.device) -> Profile:
-    """The stored profile for this run's setting; ProfileError (with the command that makes it) otherwise."""
-    setting = profile_setting(cfg.model, device)
+    """The stored profile for this run's setting (at gen.batch_size); ProfileError (with the command that makes it)
+    otherwise."""
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
     return Profile.load(profile_path(cfg.profile.dir, setting), setting,
-                        profile_command(cfg.model.name, device, setting["threads"]))
+                        profile_command(cfg.model.name, device, setting["threads"], batch_size(cfg)))
 
 
 def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
     """Measure and store the profile for this setting (progress bar on stderr); returns it."""
-    setting = profile_setting(cfg.model, device)
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
     lengths = sorted(set(int(n) for n in cfg.profile.lengths))
     window = context_window(model)
     contexts = sorted(set(int(c) for c in cfg.profile.contexts
@@ -35,7 +41,8 @@ def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
     if not contexts:
         raise ProfileError(f"no profile.contexts fit in the model's context window of {window} tokens")
     with tqdm(total=cfg.profile.repeats, desc=f"profiling {cfg.model.name}", unit="round", dynamic_ncols=True) as bar:
-        seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar)
+        seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar,
+                                        batch=batch_size(cfg))
     profile = Profile(setting, lengths, contexts, seconds, cfg.profile.repeats, time.strftime("%Y-%m-%dT%H:%M:%S"))
     profile.save(profile_path(cfg.profile.dir, setting))
     return profile
@@ -71,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_profile(profile: Profile) -> None:
-    print(f"t(L) in ms ({profile.setting['model']}, {profile.setting['device_name']}, {profile.setting['dtype']}, "
+    batch = f"batch {profile.setting['batch']}, " if "batch" in profile.setting else ""
+    print(f"t(L) in ms ({batch}{profile.setting['model']}, {profile.setting['device_name']}, {profile.setting['dtype']}, "
           f"threads {profile.setting['threads']}):")
     print("context " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
     for context, row in zip(profile.contexts, profile.seconds):

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from bench.contention import available_cores, is_starved, machine_load, start_warnings, verdict
 from bench import method_label
-from bench.budget import AutoBudget
+from bench.batched import BatchedEngine
+from bench.budget import AutoBudget, SpeculationPlanner
 from bench.costmodel import device_name
 from bench.engine import SpeculativeEngine, StopCondition
 from bench.gpu import GpuMonitor
@@ -125,6 +126,76 @@ class QuestionDecoder:
         return times
 
 
+class BatchQuestionDecoder(QuestionDecoder):
+    """Decodes questions B at a time with a BatchedEngine: turn k of every question of the group in one batch, each
+    asked with its own turns < k and answers. A turn's times are the row's share of the batch's (its tokens over the
+    batch's tokens), so a question's tokens/s is its batch's throughput and the shares add up to the batch's time;
+    `latency` is the seconds from the batch's start until that row's last token, `batch_rows` the rows decoded
+    together. Returns per question its turns, or the PromptTooLong that stopped it."""
+
+    def __call__(self, questions: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
+        results: list = [[] for _ in questions]
+        conversations: list[list[dict]] = [[] for _ in questions]
+        for index in range(max(len(q["turns"]) for q in questions)):
+            rows, prompts = [], []
+            for i, question in enumerate(questions):
+                if index >= len(question["turns"]) or isinstance(results[i], PromptTooLong):
+                    continue
+                conversations[i].append({"role": "user", "content": question["turns"][index]})
+                prompt = build_prompt(self.tokenizer, conversations[i])
+                try:
+                    check_fits(prompt, self.stop.max_new_tokens, self.context, index)
+                except PromptTooLong as err:
+                    results[i] = err
+                    continue
+                rows.append(i)
+                prompts.append(prompt)
+            if not rows:
+                continue
+            ids = ", ".join(str(questions[i]["question_id"]) for i in rows)
+            out, timings = self._repeated(prompts, [seeds[i] + index for i in rows], f"questions {ids} turn {index}")
+            total = sum(len(turn.tokens) for turn in out.turns)
+            for i, prompt, turn, latency in zip(rows, prompts, out.turns, out.finish_seconds):
+                share = len(turn.tokens) / total
+                text = self.tokenizer.decode(turn.tokens, skip_special_tokens=True).strip()
+                conversations[i].append({"role": "assistant", "content": text})
+                times = self._times([Timing(t.wall * share, None if t.cpu is None else t.cpu * share, t.threads)
+                                     for t in timings])
+                results[i].append({"text": text, "token_ids": turn.tokens, "steps": turn.steps,
+                                   "accept_lengths": turn.accept_lengths, "prompt_ids": prompt, **times,
+                                   "phase_times": {k: round(v * share, 6) for k, v in out.phase_seconds.items()},
+                                   "verified_tokens": turn.verified_tokens, "prompt_tokens": len(prompt),
+                                   "latency": round(latency, 6), "batch_rows": len(rows)})
+        return results
+
+    def _repeated(self, prompts: list[list[int]], seeds: list[int], where: str):
+        """The batch's output (checked equal across repeats) and the Timing of each repeat."""
+        first, timings = None, []
+        for repeat in range(self.repeats):
+            with timed(self.device) as timing:
+                out = self.engine.generate(prompts, self.stop, seeds)
+            timings.append(timing)
+            first = out if first is None else first
+            if [t.tokens for t in out.turns] != [t.tokens for t in first.turns]:
+                raise RepeatMismatchError(f"{where}: repeat {repeat + 1} of {self.repeats} gave other tokens than "
+                                          f"repeat 1 under the same settings and seeds (run with repeats=1)")
+        return first, timings
+
+
+def decode_group(decoder: QuestionDecoder, questions: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
+    """Each question's turns (or the PromptTooLong that stopped it): together under a BatchQuestionDecoder, else one
+    question after another."""
+    if isinstance(decoder, BatchQuestionDecoder):
+        return decoder(questions, seeds)
+    results = []
+    for question, seed in zip(questions, seeds):
+        try:
+            results.append(decoder(question, seed))
+        except PromptTooLong as err:
+            results.append(err)
+    return results
+
+
 @torch.inference_mode()
 def find_divergence(model, turns: list[dict], baseline: dict, tie_margin: float) -> dict | None:
     """First position where greedy tokens differ from vanilla's, and whether the target's top-2 logits there are
@@ -189,20 +260,33 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
     stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
                          tuple(cfg.gen.stop_strings), tokenizer)
-    auto = cfg.method.get("budget", "upstream") == "auto"
-    method = method_label(cfg.method.name, cfg.method.get("budget"))
+    batch = int(cfg.gen.get("batch_size", 1))
+    batch_policy = cfg.method.get("batch_policy", "always")
+    planned = cfg.method.get("budget", "upstream") == "auto" or batch_policy == "adaptive"
+    method = method_label(cfg.method.name, cfg.method.get("budget"), batch_policy)
     is_vanilla = cfg.method.get("drafter") is None
     context = context_window(model)
     plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
-    profile = profile_for_run(cfg, model, device, make=auto)
+    profile = profile_for_run(cfg, model, device, make=planned)
     drafter = build_drafter(cfg.method, model, tokenizer, sampling)
-    if auto:
-        drafter = AutoBudget(drafter, profile, device)
-    decode = QuestionDecoder(SpeculativeEngine(model, drafter, sampling), tokenizer, stop, device, context, cfg.repeats)
-    vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
+    if batch == 1:
+        if planned:
+            drafter = AutoBudget(drafter, profile, device)
+        decode = QuestionDecoder(SpeculativeEngine(model, drafter, sampling), tokenizer, stop, device, context,
+                                 cfg.repeats)
+        vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
+    else:
+        planner = SpeculationPlanner(profile) if planned else None
+        decode = BatchQuestionDecoder(BatchedEngine(model, drafter, sampling, planner), tokenizer, stop, device,
+                                      context, cfg.repeats)
+        vanilla = decode if is_vanilla else BatchQuestionDecoder(BatchedEngine(model, None, sampling), tokenizer,
+                                                                 stop, device, context, cfg.repeats)
 
-    setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device),
-               "gen": OmegaConf.to_container(cfg.gen, resolve=True), "seed": cfg.seed,
+    gen = OmegaConf.to_container(cfg.gen, resolve=True)
+    if gen.get("batch_size") == 1:
+        del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
+    setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
+               "seed": cfg.seed,
                "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
     baseline_key = config_key(**setting)
     method_key = config_key(**setting, method=OmegaConf.to_container(cfg.method),
@@ -219,45 +303,59 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     if warm_prompt is not None and cfg.warmup_tokens:  # untimed, so first-call costs miss the first question
         warm_stop = StopCondition(cfg.warmup_tokens, stop.eos_token_ids)
         for decoder in {id(d): d for d in (decode, vanilla)}.values():
-            decoder.engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
+            if batch == 1:
+                decoder.engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
+            else:
+                decoder.engine.generate([warm_prompt] * batch, warm_stop, [cfg.seed] * batch)
+
+    def store_answer(question: dict, turns, base_turns) -> None:
+        """Append a question's record (and its vanilla baseline's), or note it skipped when a prompt did not fit."""
+        if isinstance(turns, PromptTooLong) or isinstance(base_turns, PromptTooLong):
+            err = turns if isinstance(turns, PromptTooLong) else base_turns
+            skipped.append({"question_id": question["question_id"], "category": question["category"],
+                            "run_key": skipped.run_key, "skipped": str(err)})
+            tqdm.write(f"skipped question {question['question_id']}: {err}")
+            return
+        if base_turns is not None and question["question_id"] not in baselines:
+            baselines.append(answer_record(question, cfg.model.name, "vanilla", baseline_key, base_turns))
+        record = answer_record(question, cfg.model.name, method, answers.run_key, turns)
+        if not sampling.greedy:
+            record["exact_match"], record["divergence"] = None, None
+        elif is_vanilla:
+            record["exact_match"], record["divergence"] = True, None
+        elif question["question_id"] in baselines:
+            base = baselines.records[question["question_id"]]
+            record["exact_match"] = [t["token_ids"] for t in turns] == base["choices"][0]["token_ids"]
+            record["divergence"] = find_divergence(model, turns, base, cfg.model.tie_margin)
+        answers.append(record)
+        gpu.sample()
 
     try:
-        bar = tqdm(todo, desc=f"{method} on {cfg.task.name}", unit="q", dynamic_ncols=True)
-        for number, question in enumerate(bar):
-            seed = cfg.seed + question["question_id"]
-            base_turns = None
-            need_base = with_baseline and question["question_id"] not in baselines
-            try:
-                if need_base and number % 2 == 0:  # alternate the order so neither side always runs second
-                    base_turns = vanilla(question, seed)
-                turns = decode(question, seed)
-                if need_base and base_turns is None:
-                    base_turns = vanilla(question, seed)
-            except PromptTooLong as err:
-                skipped.append({"question_id": question["question_id"], "category": question["category"],
-                                "run_key": skipped.run_key, "skipped": str(err)})
-                tqdm.write(f"skipped question {question['question_id']}: {err}")
-                continue
-            if base_turns is not None:
-                baselines.append(answer_record(question, cfg.model.name, "vanilla", baseline_key, base_turns))
-            record = answer_record(question, cfg.model.name, method, answers.run_key, turns)
-            if not sampling.greedy:
-                record["exact_match"], record["divergence"] = None, None
-            elif is_vanilla:
-                record["exact_match"], record["divergence"] = True, None
-            elif question["question_id"] in baselines:
-                base = baselines.records[question["question_id"]]
-                record["exact_match"] = [t["token_ids"] for t in turns] == base["choices"][0]["token_ids"]
-                record["divergence"] = find_divergence(model, turns, base, cfg.model.tie_margin)
-            answers.append(record)
-            gpu.sample()
-            bar.set_postfix_str(_progress_note(method, answers, baselines))
+        bar = tqdm(total=len(todo), desc=f"{method} on {cfg.task.name}", unit="q", dynamic_ncols=True)
+        for number, start in enumerate(range(0, len(todo), batch)):
+            group = todo[start : start + batch]
+            seeds = [cfg.seed + q["question_id"] for q in group]
+            base_results = None
+            need_base = with_baseline and any(q["question_id"] not in baselines for q in group)
+            if need_base and number % 2 == 0:  # alternate the order so neither side always runs second
+                base_results = decode_group(vanilla, group, seeds)
+            results = decode_group(decode, group, seeds)
+            if need_base and base_results is None:
+                base_results = decode_group(vanilla, group, seeds)
+            for index, (question, turns) in enumerate(zip(group, results)):
+                base_turns = None if base_results is None else base_results[index]
+                store_answer(question, turns, base_turns)
+            bar.update(len(group))
+            if answers.records:
+                bar.set_postfix_str(_progress_note(method, answers, baselines))
     finally:  # also after an interruption: summarise what is done
         out_dir.mkdir(parents=True, exist_ok=True)
         summary = summarize(method, list(answers.records.values()), baselines.records,
                             starvation_threshold=cfg.starvation_threshold, ci_samples=cfg.bootstrap.samples,
-                            ci_seed=cfg.bootstrap.seed, profile=profile) if answers.records else None
+                            ci_seed=cfg.bootstrap.seed, profile=profile if batch == 1 else None
+                            ) if answers.records else None
         if summary is not None:
+            summary.insert(2, "batch_size", batch)
             summary.to_csv(out_dir / "summary.csv", index=False)
         meta = {**run_metadata(cfg, device, started, gpu), "run_key": answers.run_key, "baseline_run_key": baseline_key,
                 "skipped_questions": sorted(skipped.records), "start_warnings": warned,

@@ -43,6 +43,8 @@ RULES = [
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
     ("method.budget", lambda v: v in ("upstream", "auto"), "upstream or auto"),
+    ("method.batch_policy", lambda v: v in ("always", "adaptive"), "always or adaptive"),
+    ("gen.batch_size", lambda v: _integer(v) and v >= 1, "an integer >= 1"),
 ]
 _ABSENT = object()
 
@@ -56,5 +58,12 @@ def validate(cfg: DictConfig) -> None:
             problems.append(f"{key}={value}: must be {allowed}")
     if OmegaConf.select(cfg, "method.budget", default=None) == "auto" and cfg.method.get("drafter") is None:
         problems.append(f"method.budget=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
+    if OmegaConf.select(cfg, "method.batch_policy", default=None) == "adaptive":
+        if cfg.method.get("drafter") is None:
+            problems.append(f"method.batch_policy=adaptive: method={cfg.method.name} drafts nothing, so there is "
+                            f"nothing to switch off")
+        if OmegaConf.select(cfg, "method.budget", default=None) == "auto":
+            problems.append("method.batch_policy=adaptive and method.budget=auto: adaptive already sizes every step "
+                            "(it is budget=auto at the run's batch size); set only one")
     if problems:
         raise ConfigError("\n".join(problems))

@@ -1,0 +1,252 @@
+"""Batched draft-then-verify: B sequences decoded together, every sequence's tree verified in one target forward.
+
+The steps are the batch-1 engine's (bench/engine.py), row by row:
+  1. prefill each prompt on its own (batch-1 arithmetic: each row's first token is its batch-1 one) and stack the
+     caches into one batch cache;
+  2. each row's own drafter (`fork_drafter`: a copy of the method's drafter) proposes a tree under its root;
+  3. one target forward over [B, L] inputs (each row's root, nodes and aux nodes, padded to the longest row) with a
+     4-D mask [B, 1, L, T + L] and each row's own positions;
+  4. each row accepts its own path (under greedy decoding, one host sync for the whole batch);
+  5. each row keeps its accepted tokens in the cache; rows that finish leave the batch.
+
+Cache layout (`BatchCache`): one DynamicCache [B, heads, T, dim]. Row b's tokens sit in the slots where `valid[b]`
+is True, in order, at positions 0..n_b - 1 (`slot_pos[b]`); the other slots are holes (prompt padding, a row's
+share of a step it did not fill) that no query attends to. A step appends L slots to every row; afterwards each
+row's accepted inputs are moved to the front of those L slots (a gather over the step's slots only, as batch 1's
+`keep_accepted_kv` does) and the step's slots are cut to the most any row accepted. Holes are masked, not removed,
+so vanilla's batched step copies nothing; when a row leaves, or the slots behind the longest row outgrow
+`max(16, T / 8)`, the cache is compacted in one gather.
+
+`planner` (batch_policy=adaptive): a SpeculationPlanner (bench/budget.py) holding the target's profile at this
+batch size decides each step how many nodes every row verifies, and rests the drafters when speculation would lose
+to a plain batched step at the current context length and acceptance.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from bench.acceptance import Acceptance, greedy_path, speculative_sampling_accept
+from bench.budget import SpeculationPlanner, first_nodes
+from bench.engine import PhaseTimer, StepResult, StopCondition, TurnOutput
+from bench.kvcache import attention_windows, new_cache
+from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.timing import device_time
+from bench.tree import DraftTree
+
+
+@dataclass
+class BatchOutput:
+    turns: list[TurnOutput]  # per prompt, in the order given
+    finish_seconds: list[float]  # per prompt: seconds from the batch's start until its last token
+    phase_seconds: dict[str, float]  # the whole batch's seconds per engine phase
+
+
+def fork_drafter(drafter):
+    """A drafter for one more sequence: a shallow copy that shares the weights, tables and datastores; a drafter's
+    per-sequence state is (re)assigned by its start(), so copies never share it."""
+    return copy.copy(drafter)
+
+
+class BatchCache:
+    """The batch's KV cache and where each row's tokens lie in it (see the module doc)."""
+
+    def __init__(self, caches: list[DynamicCache], device: torch.device):
+        self.lengths = [c.get_seq_length() for c in caches]  # n_b: row b's tokens, also its next position
+        total = max(self.lengths)
+        self.cache = DynamicCache()
+        for index, layers in enumerate(zip(*(c.layers for c in caches))):
+            keys = torch.stack([_pad_slots(layer.keys[0], total) for layer in layers])  # [B, heads, T, dim]
+            values = torch.stack([_pad_slots(layer.values[0], total) for layer in layers])
+            self.cache.update(keys, values, index)
+        slots = torch.arange(total, device=device)
+        self.valid = slots[None, :] < torch.tensor(self.lengths, device=device)[:, None]  # [B, T]
+        self.slot_pos = slots.expand(len(caches), total).clone()  # [B, T] position of each slot's token
+        self.device = device
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def step_inputs(self, roots: list[int], trees: list[DraftTree | None], windows: dict, dtype) -> dict:
+        """input_ids [B, L], position_ids [B, L] and the additive 4-D mask [B, 1, L, T + L] of one step."""
+        rows = [[root] if tree is None else [root, *tree.tokens, *tree.aux_tokens] for root, tree in zip(roots, trees)]
+        batch, length, past = len(rows), max(map(len, rows)), self.slots
+        ids = torch.tensor([row + [row[0]] * (length - len(row)) for row in rows], device=self.device)
+        offsets = torch.zeros(batch, length, dtype=torch.long)  # padding inputs: the root's position, seeing itself
+        local = torch.eye(length, dtype=torch.bool).repeat(batch, 1, 1)  # [B, L, L]
+        for b, tree in enumerate(trees):
+            if tree is not None:
+                size = len(rows[b])
+                offsets[b, :size] = tree.position_offsets
+                local[b, :size, :size] = tree.local_mask
+        lengths = torch.tensor(self.lengths, device=self.device)
+        positions = lengths[:, None] + offsets.to(self.device)  # [B, L]
+        visible = torch.cat([self.valid[:, None, :].expand(batch, length, past), local.to(self.device)], dim=-1)
+        key_positions = torch.cat([self.slot_pos, positions], dim=-1)  # [B, T + L]
+        masks = {}
+        for window in set(windows.values()):
+            seen = visible if window is None else visible & (key_positions[:, None, :] > positions[:, :, None] - window)
+            mask = torch.zeros(batch, 1, length, past + length, dtype=dtype, device=self.device)
+            masks[window] = mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)
+        mask = masks.popitem()[1] if len(masks) == 1 else {kind: masks[w] for kind, w in windows.items()}
+        return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
+
+    def keep_accepted(self, kept_rows: list[list[int]]) -> None:
+        """After a step's forward: keep, for each row, its inputs at `kept_rows` (root first), in that order."""
+        past, counts = self.slots, [len(rows) for rows in kept_rows]  # the step's inputs follow slot `past`
+        most = max(counts)
+        if any(rows != list(range(len(rows))) for rows in kept_rows):
+            index = torch.tensor([rows + [0] * (most - len(rows)) for rows in kept_rows], device=self.device) + past
+            for layer in self.cache.layers:
+                for tensor in (layer.keys, layer.values):
+                    gathered = tensor.gather(2, index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3]))
+                    tensor[:, :, past : past + most] = gathered
+        surplus = self.cache.get_seq_length() - (past + most)
+        if surplus:
+            self.cache.crop(-surplus)
+        counted = torch.tensor(counts, device=self.device)
+        steps = torch.arange(most, device=self.device)
+        lengths = torch.tensor(self.lengths, device=self.device)
+        self.valid = torch.cat([self.valid, steps[None, :] < counted[:, None]], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, lengths[:, None] + steps[None, :]], dim=1)
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+
+    def needs_compaction(self) -> bool:
+        spare = self.slots - max(self.lengths)
+        return spare > max(16, self.slots // 8)
+
+    def compact(self, rows: list[int]) -> None:
+        """Keep only batch rows `rows` (in that order), each with its tokens in slots 0..n_b - 1."""
+        lengths = [self.lengths[r] for r in rows]
+        total = max(lengths)
+        picked = torch.tensor(rows, device=self.device)
+        valid = self.valid[picked]
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :total]  # each row's tokens first
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)[picked]
+                setattr(layer, name, tensor.gather(2, order[:, None, :, None].expand(-1, tensor.shape[1], -1,
+                                                                                     tensor.shape[3])))
+        slots = torch.arange(total, device=self.device)
+        self.valid = slots[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        self.slot_pos = slots.expand(len(rows), total).clone()
+        self.lengths = lengths
+
+
+def _pad_slots(tensor: torch.Tensor, total: int) -> torch.Tensor:
+    """[heads, n, dim] -> [heads, total, dim], zeros after the n slots."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, total - tensor.shape[1]))
+
+
+class BatchedEngine:
+    """Draft-then-verify decoding of several prompts at once with any Hugging Face causal LM (see module doc)."""
+
+    def __init__(self, model, drafter=None, sampling: SamplingConfig = SamplingConfig(),
+                 planner: SpeculationPlanner | None = None):
+        self.model, self.drafter, self.sampling, self.planner = model, drafter, sampling, planner
+        self.device = model.device
+        self._windows = attention_windows(model)
+        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
+
+    def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target logits [B, L, vocab] and, when the drafter asks for them, its features [B, L, F]."""
+        if not self.feature_layers:
+            return self.model(**inputs).logits, None
+        out = self.model(**inputs, output_hidden_states=True)
+        parts = [out.hidden_states[i] for i in self.feature_layers]
+        return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        if self.sampling.greedy:
+            return int(logits.argmax())
+        return sample(logits_to_probs(logits, self.sampling).cpu(), generator)
+
+    def _accept(self, logits: torch.Tensor, trees: list, sizes: list[int], generators: list) -> list[Acceptance]:
+        if self.sampling.greedy:
+            targets = logits.argmax(-1).tolist()  # [B, L]: the one host sync of the step
+            return [greedy_path(target, tree) for target, tree in zip(targets, trees)]
+        return [speculative_sampling_accept(logits[b, : sizes[b]], tree, self.sampling, generator)
+                for b, (tree, generator) in enumerate(zip(trees, generators))]
+
+    def _propose(self, drafters: list, contexts: list[list[int]], budgets: list[int]) -> list[DraftTree | None]:
+        """Each row's tree; under a planner, none when it rests the drafters, else cut to the size that pays for
+        the rows that drafted (a probe keeps whole trees)."""
+        context_len = max(map(len, contexts)) - 1
+        k, draft = (None, True) if self.planner is None else self.planner.plan(context_len, len(drafters))
+        if self.drafter is None or not draft:
+            return [None] * len(drafters)
+        start = device_time(self.device)
+        trees = [d.propose(c, b if k is None else min(b, k + 1)) for d, c, b in zip(drafters, contexts, budgets)]
+        trees = [t if t is not None and (len(t) or t.aux_tokens) else None for t in trees]
+        if self.planner is None:
+            return trees
+        drafted = [t for t in trees if t is not None]
+        self.planner.drafted(device_time(self.device) - start, drafted if k is None else [], len(trees), len(drafted))
+        if k is None or not drafted:
+            return trees
+        size = self.planner.cut(trees, context_len)
+        return [None if t is None or not size else first_nodes(t, size) for t in trees]
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], stop: StopCondition, seeds: list[int | None]) -> BatchOutput:
+        """Decode every prompt until `stop`; row b's tokens are what batch-1 decoding of prompts[b] gives."""
+        timer = PhaseTimer(self.device)
+        began = timer._last
+        generators = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
+        outs = [TurnOutput(tokens=[], accept_lengths=[1]) for _ in prompts]
+        finish = [0.0] * len(prompts)
+        drafters = [fork_drafter(self.drafter) for _ in prompts] if self.drafter is not None else [None] * len(prompts)
+        caches, roots, contexts, active = [], [], [], []
+        for b, prompt in enumerate(prompts):  # 1. prefill, one prompt at a time
+            caches.append(new_cache())
+            logits, hidden = self._forward(input_ids=torch.tensor([prompt], device=self.device), cache=caches[-1],
+                                           logits_to_keep=1)
+            roots.append(self._pick(logits[0, -1], generators[b]))
+            if drafters[b] is not None:
+                drafters[b].start(list(prompt), **({"hidden": hidden[0]} if hidden is not None else {}))
+            contexts.append(list(prompt) + [roots[-1]])
+            if stop.extend(outs[b].tokens, [roots[-1]]):
+                finish[b] = device_time(self.device) - began
+            else:
+                active.append(b)
+        state = BatchCache([caches[b] for b in active], self.device) if active else None
+        del caches
+        timer.lap("prefill")
+        while active:
+            budgets = [stop.max_new_tokens - len(outs[b].tokens) for b in active]
+            trees = self._propose([drafters[b] for b in active], [contexts[b] for b in active], budgets)  # 2.
+            inputs = state.step_inputs([roots[b] for b in active], trees, self._windows, self.model.dtype)
+            sizes = [1 if t is None else 1 + len(t) + len(t.aux_tokens) for t in trees]
+            timer.lap("draft")
+            logits, hidden = self._forward(**inputs, cache=state.cache)  # 3. one forward verifies every row
+            timer.lap("verify")
+            acceptances = self._accept(logits, trees, sizes, [generators[b] for b in active])  # 4.
+            state.keep_accepted([a.rows for a in acceptances])  # 5.
+            staying = []
+            for i, (b, tree, acceptance) in enumerate(zip(active, trees, acceptances)):
+                if drafters[b] is not None:
+                    rows_hidden = None if hidden is None else hidden[i, : sizes[i]]
+                    drafters[b].update(StepResult(tree, logits[i, : sizes[i]], acceptance, rows_hidden))
+                if self.planner is not None:
+                    self.planner.observe(tree, acceptance.rows)
+                before = len(outs[b].tokens)
+                done = stop.extend(outs[b].tokens, acceptance.tokens)
+                outs[b].accept_lengths.append(len(outs[b].tokens) - before)
+                outs[b].verified_tokens.append(sizes[i])
+                roots[b] = acceptance.tokens[-1]
+                contexts[b].extend(acceptance.tokens)
+                if done:
+                    finish[b] = device_time(self.device) - began
+                else:
+                    staying.append(i)
+            if len(staying) < len(active) and staying:
+                state.compact(staying)
+            elif state.needs_compaction():
+                state.compact(list(range(len(active))))
+            active = [active[i] for i in staying]
+            timer.lap("accept")
+        return BatchOutput(outs, finish, timer.seconds)

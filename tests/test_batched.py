@@ -1,0 +1,224 @@
+"""The batched engine (bench/batched.py) is lossless at any batch size: every row's tokens, and its accepted tokens
+per step, are what batch-1 decoding of its prompt gives, for every method's drafter."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from bench.batched import BatchedEngine
+from bench.budget import SpeculationPlanner
+from bench.costmodel import Profile
+from bench.datastore import write_datastore
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.run import run
+from bench.sampling import SamplingConfig
+from bench.tree import DraftTree
+from bench.validate import ConfigError, validate
+from methods.eagle import EagleDrafter
+from methods.hydra import HydraDrafter
+from methods.lookahead import LookaheadDrafter
+from methods.medusa import MedusaDrafter
+from methods.pld import PromptLookupDrafter
+from methods.rest import RestDrafter
+from methods.sps import DraftModelDrafter
+from tests.conftest import VOCAB, generate_tokens, vanilla_tokens
+
+LENGTHS = (5, 17, 40, 9, 23)  # prompts of different lengths: the batch cache has holes from the start
+
+
+@pytest.fixture(scope="module")
+def batch_prompts():
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in LENGTHS]
+
+
+class ScriptedByPrompt:
+    """Proposes from each prompt's known vanilla continuation; how right depends on the prompt (`modes`, by prompt
+    length), so rows accept different numbers of tokens each step. State is set in start(), as a forked drafter's
+    must be."""
+
+    def __init__(self, references: dict[tuple, list[int]], modes: dict[int, str], width: int = 4):
+        self.references, self.modes, self.width = references, modes, width
+
+    def start(self, prompt_ids):
+        self.prompt = tuple(prompt_ids)
+
+    def propose(self, context, budget):
+        done = len(context) - len(self.prompt)
+        truth = self.references[self.prompt][done : done + self.width]
+        wrong = [(t + 1) % VOCAB for t in truth]
+        mode = self.modes[len(self.prompt) % len(self.modes)]
+        if not truth or mode == "none":
+            return None
+        if mode == "right":
+            return DraftTree.chain(truth)
+        if mode == "half":
+            return DraftTree.chain(truth[:2] + wrong[2:])
+        if mode == "alternate":  # right on every other step, rows out of phase: the longest row changes
+            return DraftTree.chain(truth if (done // 2 + len(self.prompt)) % 2 else wrong)
+        tokens, parents = [wrong[0]] + truth, [-1, -1] + list(range(1, len(truth)))  # "tree": a wrong branch first
+        return DraftTree(tokens, parents)
+
+    def update(self, step):
+        pass
+
+
+def method_drafters(model, tmp_path, prompts):
+    """One drafter per method, on the tiny model (random heads and draft: right sometimes, wrong mostly; REST's
+    datastore holds the prompts' own continuations, so it is right often)."""
+    from methods.sps import slice_target
+    from tests.test_eagle import random_head
+    from tests.test_hydra import random_heads as hydra_heads
+    from tests.test_medusa import random_heads as medusa_heads
+
+    store = write_datastore(tmp_path / "toy.idx", [p + vanilla_tokens(model, p, 24) for p in prompts], sort_depth=4)
+    return {
+        "pld": lambda: PromptLookupDrafter(model),
+        "lookahead": lambda: LookaheadDrafter(window_size=4, ngram_size=4, guess_set_size=2),
+        "rest": lambda: RestDrafter(datastore={"path": str(store)}, num_draft=64, draft_length=3),
+        "sps": lambda: DraftModelDrafter(model, draft_model=slice_target(model, [0]), num_draft_tokens=4),
+        "medusa": lambda: MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=medusa_heads(64)),
+        "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
+        "eagle": lambda: EagleDrafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
+        "eagle2": lambda: EagleDrafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
+    }
+
+
+def assert_batch_equals_batch_one(model, make_drafter, prompts, max_new_tokens: int, eos=frozenset()):
+    """Every row of one batch equals batch-1 decoding of its prompt (tokens and accepted tokens per step) and
+    transformers' generate; returns the batch output."""
+    stop = StopCondition(max_new_tokens, eos)
+    batch = BatchedEngine(model, make_drafter()).generate(prompts, stop, [0] * len(prompts))
+    single = SpeculativeEngine(model, make_drafter())
+    for prompt, row in zip(prompts, batch.turns):
+        alone = single.generate(prompt, stop)
+        assert row.tokens == alone.tokens == generate_tokens(model, prompt, max_new_tokens, eos)
+        assert row.accept_lengths == alone.accept_lengths
+        assert row.verified_tokens == alone.verified_tokens
+    return batch
+
+
+def test_vanilla_batch_equals_generate_with_rows_leaving_early(tiny_model, batch_prompts, one_thread):
+    eos = frozenset({vanilla_tokens(tiny_model, batch_prompts[1], 30)[6]})  # row 1 (at least) stops early
+    out = assert_batch_equals_batch_one(tiny_model, lambda: None, batch_prompts, 30, eos)
+    assert min(len(t.tokens) for t in out.turns) < 30 == max(len(t.tokens) for t in out.turns)
+    assert out.finish_seconds[1] < max(out.finish_seconds)  # the early row's latency ends with it
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_scripted_drafts_accepting_different_amounts_per_row(tiny_model, batch_prompts, batch_size, one_thread):
+    """Rows accepting 0..4 drafts a step from chains and trees: the cache grows holes, is compacted, rows leave."""
+    references = {tuple(p): vanilla_tokens(tiny_model, p, 40) for p in batch_prompts}
+    modes = {0: "right", 1: "tree", 2: "half", 3: "none"}
+    make = lambda: ScriptedByPrompt(references, modes)  # noqa: E731
+    out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:batch_size], 40)
+    assert max(max(t.accept_lengths) for t in out.turns) == 5  # whole chains were accepted somewhere
+
+
+def test_cache_compaction_when_holes_build_up(tiny_model, batch_prompts, monkeypatch, one_thread):
+    """Rows that take turns accepting whole chains leave holes behind the longest row; compacting them away
+    (more than once, with no row leaving) keeps every row's output."""
+    from bench.batched import BatchCache
+
+    compactions = []
+    original = BatchCache.compact
+    monkeypatch.setattr(BatchCache, "compact", lambda self, rows: (compactions.append(len(rows)), original(self, rows)))
+    references = {tuple(p): vanilla_tokens(tiny_model, p, 80) for p in batch_prompts}
+    make = lambda: ScriptedByPrompt(references, {0: "alternate"})  # noqa: E731
+    assert_batch_equals_batch_one(tiny_model, make, batch_prompts, 80)
+    assert compactions.count(len(batch_prompts)) >= 2  # compactions of the full batch: holes, not departures
+
+
+def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batch_prompts, one_thread):
+    references = {tuple(p): vanilla_tokens(windowed_model, p, 30) for p in batch_prompts}
+    make = lambda: ScriptedByPrompt(references, {0: "tree", 1: "right", 2: "half"})  # noqa: E731
+    assert_batch_equals_batch_one(windowed_model, make, batch_prompts, 30)
+
+
+@pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2"])
+def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
+    make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
+    out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
+    assert any(n > 1 for t in out.turns for n in t.verified_tokens)  # drafts were verified
+
+
+def test_sampled_vanilla_rows_equal_batch_one_with_the_same_seeds(tiny_model, batch_prompts, one_thread):
+    sampling = SamplingConfig(temperature=1.0)
+    stop = StopCondition(20)
+    seeds = [11, 12, 13]
+    out = BatchedEngine(tiny_model, None, sampling).generate(batch_prompts[:3], stop, seeds)
+    single = SpeculativeEngine(tiny_model, None, sampling)
+    assert [t.tokens for t in out.turns] == [single.generate(p, stop, seed=s).tokens
+                                             for p, s in zip(batch_prompts[:3], seeds)]
+
+
+def linear_profile(per_token: float) -> Profile:
+    """t(L) = 1 + per_token x (L - 1), the same at every context."""
+    lengths = [1, 2, 4, 8, 16, 32, 64]
+    row = [1.0 + per_token * (n - 1) for n in lengths]
+    return Profile({}, lengths, [0, 100000], [row, row])
+
+
+@pytest.mark.parametrize("per_token, drafts", [(10.0, False), (0.0, True)])
+def test_adaptive_policy_rests_or_drafts_as_the_profile_says(tiny_model, batch_prompts, per_token, drafts, one_thread):
+    """Verification 10x a plain step per extra token: after the warm-up only probes draft. Free verification: every
+    step drafts. Lossless either way."""
+    references = {tuple(p): vanilla_tokens(tiny_model, p, 40) for p in batch_prompts}
+    planner = SpeculationPlanner(linear_profile(per_token), warmup_steps=2)
+    engine = BatchedEngine(tiny_model, ScriptedByPrompt(references, {0: "right", 1: "half"}), planner=planner)
+    out = engine.generate(batch_prompts, StopCondition(40), [0] * len(batch_prompts))
+    assert [t.tokens for t in out.turns] == [references[tuple(p)] for p in batch_prompts]
+    after_warmup = planner.plans[planner.warmup_steps:]
+    rested = after_warmup.count(-1) / len(after_warmup)
+    assert rested > 0.9 if not drafts else rested == 0
+
+
+def test_cli_batched_run_records_throughput_and_latency(compose, tmp_path):
+    cfg = compose("method=pld", "task=qa", "task.limit=3", "gen.batch_size=2")
+    summary = run(cfg)
+    out = tmp_path / "run"
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    baselines = [json.loads(line) for line in (out / "baseline.jsonl").read_text().splitlines()]
+    assert len(answers) == len(baselines) == 3 and all(a["exact_match"] for a in answers)
+    rows = [a["choices"][0]["batch_rows"][0] for a in answers]
+    assert rows == [2, 2, 1]  # questions decoded two at a time, the last alone
+    first, second = (a["choices"][0] for a in answers[:2])
+    # a question's tokens/s is its batch's throughput: both rows of a batch give the same
+    rate = [sum(c["new_tokens"]) / sum(c["wall_time"]) for c in (first, second)]
+    assert rate[0] == pytest.approx(rate[1], rel=1e-3)
+    assert max(first["latency"][0], second["latency"][0]) >= first["wall_time"][0] + second["wall_time"][0] - 1e-3
+    assert summary.batch_size.tolist() == [2, 2] and summary.exact_match.iloc[-1] == 1.0
+    assert (summary.mean_latency_s > 0).all() and (summary.baseline_mean_latency_s > 0).all()
+    assert pd.read_csv(out / "summary.csv").batch_size.iloc[-1] == 2
+
+
+def test_batched_out_dir_and_labels(tiny_checkpoint, tmp_path):
+    from bench.run import compose_config
+
+    cfg = compose_config("method=pld", "gen.batch_size=4", "method.batch_policy=adaptive", "task=qa")
+    assert cfg.out_dir.endswith("/pld+adaptive/qa-batch4")
+    assert compose_config("method=pld", "task=qa").out_dir.endswith("/pld/qa")
+    with pytest.raises(ConfigError, match="method.batch_policy=adaptive: method=vanilla drafts nothing"):
+        validate(compose_config("method=vanilla", "+method.batch_policy=adaptive"))
+    with pytest.raises(ConfigError, match="set only one"):
+        validate(compose_config("method=pld", "method.batch_policy=adaptive", "method.budget=auto"))
+    with pytest.raises(ConfigError, match="gen.batch_size=0: must be an integer >= 1"):
+        validate(compose_config("method=pld", "gen.batch_size=0"))
+
+
+def test_cut_verifies_what_pays_for_the_rows_that_drafted():
+    """t(L) = 1 + 0.5 (L - 1), no drafting time, nodes accepted with 0.9, 0.9, 0.1 (by hand: see the rates below)."""
+    lengths = [1, 2, 3, 4]
+    profile = Profile({}, lengths, [0, 1000], [[1.0 + 0.5 * (n - 1) for n in lengths]] * 2)
+    planner = SpeculationPlanner(profile, prior=(0.0, 1e-9))
+    planner.hits, planner.tries = [9.0, 9.0, 1.0], [10.0, 10.0, 10.0]
+    chain = DraftTree.chain([1, 2, 3])
+    # one row of four drafted: k=0 gives 4 tokens / 1 s; k=1 4.9 / 1.5 s; k=2 5.8 / 2 s; k=3 5.9 / 2.5 s
+    assert planner.cut([chain, None, None, None], 10) == 0
+    # all four drafted: k=1 7.6 / 1.5 = 5.07; k=2 11.2 / 2 = 5.6; k=3 11.6 / 2.5 = 4.64
+    assert planner.cut([chain] * 4, 10) == 2
+    # a batch of one: k=2 2.8 / 2 = 1.4 beats k=1 1.9 / 1.5 = 1.27 and plain 1 / 1
+    assert planner.cut([chain], 10) == 2
