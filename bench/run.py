@@ -289,7 +289,10 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                "seed": cfg.seed,
                "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
     baseline_key = config_key(**setting)
-    method_key = config_key(**setting, method=OmegaConf.to_container(cfg.method),
+    method_setting = OmegaConf.to_container(cfg.method)
+    if method_setting.get("batch_policy") == "always":
+        del method_setting["batch_policy"]  # as batch-1 runs were keyed before batching existed
+    method_key = config_key(**setting, method=method_setting,
                             artifact=getattr(decode.engine.drafter, "artifact", None))  # drafts' weights or datastore
     answers = AnswerFile(out_dir / "answers.jsonl", method_key, strict=True)
     baselines = answers if is_vanilla else AnswerFile(out_dir / "baseline.jsonl", baseline_key, strict=False)
