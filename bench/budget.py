@@ -10,6 +10,11 @@ asked for k tokens only (the engine's `budget` argument), so SpS stops paying fo
 Probes keep the estimates honest: the first `warmup_steps` steps and then a step whenever the probes' extra cost
 stays within `probe_share` of the time decoded since verify the whole tree. Lossless throughout: the target
 verifies whatever is kept, and a cut tree is still a tree (sibling draws stay prefixes of their draw order).
+
+The decisions live in `SpeculationPlanner`, which the batched engine (bench/batched.py, batch_policy=adaptive) asks
+too, with the profile measured at its batch size: there a row's expected gain is scaled by the share of rows that
+returned a draft (the forward is as wide for all), and once the rows have drafted, `cut` picks the k that pays for
+the drafts actually returned.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Reads every run folder under results_dir (answers.jsonl + meta.json, with baseline.jsonl when the method was not
 vanilla) into one DataFrame of answer records, keeps per setting, method and task the most recent run, and
 recomputes every number from the answers with bench.metrics (never by averaging the runs' summary.csv rows).
-Runs of different settings (model, device, dtype, max_new_tokens, temperature) go into separate tables.
+Runs of different settings (model, device, dtype, max_new_tokens, temperature, batch size) go into separate tables;
+settings that differ only in batch size also get a batch-size sweep: throughput speedup per method and batch size.
 """
 from __future__ import annotations
 
@@ -34,13 +35,13 @@ TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
     "rag": "Retrieval-aug. Generation",
 }
 MAT_COLUMN, OVERALL_COLUMN = "#Mean Accepted Tokens", "Overall"
-SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature"]
+SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature", "batch_size"]
 POSITION_COLUMNS = [f"accept_rate_pos{k}" for k in range(1, ACCEPT_POSITIONS + 1)]
 SHARE_COLUMNS = [f"{phase}_share" for phase in PHASES]
 COST_COLUMNS = ["predicted_speedup", "model_gap", "gap_flagged", "mean_verified_tokens", *SHARE_COLUMNS]
 VANILLA = "vanilla"
 PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
-                 "forward_time"]
+                 "forward_time", "batch_sweep"]
 
 
 # --- loading -------------------------------------------------------------------------------------------------------
@@ -72,6 +73,7 @@ def run_setting(meta: dict) -> dict:
         "dtype": meta.get("dtype"),
         "max_new_tokens": config.get("gen", {}).get("max_new_tokens"),
         "temperature": float(config.get("gen", {}).get("temperature", 0.0)),
+        "batch_size": int(config.get("gen", {}).get("batch_size", 1)),
     }
 
 
@@ -82,7 +84,8 @@ def load_runs(root: Path) -> pd.DataFrame:
         meta = json.loads((run_dir / "meta.json").read_text())
         config = meta.get("config", {})
         method_cfg = config.get("method", {})
-        method = method_label(method_cfg.get("name") or "unknown", method_cfg.get("budget"))
+        method = method_label(method_cfg.get("name") or "unknown", method_cfg.get("budget"),
+                              method_cfg.get("batch_policy"))
         answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
         is_vanilla = method_cfg.get("drafter") is None
         baselines = answers if is_vanilla else \
@@ -279,6 +282,7 @@ def setting_facts(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, str]:
         "dtype": str(first["dtype"]),
         "torch": f"{torch_versions} (transformers {transformers_versions})",
         "max_new_tokens": str(first["max_new_tokens"]),
+        "batch size": str(first.get("batch_size", 1)),
         "decoding": "greedy" if temperature == 0 else f"sampling, temperature {temperature:g}",
         "questions per task": (str(counts[0]) if len(counts) == 1 else
                                f"{counts[0]}–{counts[-1]} (differs between methods or tasks; see leaderboard.csv)"),
@@ -293,6 +297,8 @@ def slug(board: pd.DataFrame, taken: set[str]) -> str:
     parts = [first["model"], str(first["device"]).split(":")[0], first["dtype"], f"{first['max_new_tokens']}tok"]
     if float(first["temperature"]) != 0:
         parts.append(f"t{float(first['temperature']):g}")
+    if int(first.get("batch_size", 1)) > 1:
+        parts.append(f"b{int(first['batch_size'])}")
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(map(str, parts)))
     name, n = base, 2
     while name in taken:
@@ -417,6 +423,73 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
     if len(acceptance):
         ax.legend(fontsize=8)
     _save(fig, path)
+
+
+# --- batch-size sweeps ----------------------------------------------------------------------------------------------
+
+def batch_sweeps(board: pd.DataFrame) -> list[pd.DataFrame]:
+    """The overall rows of each group of settings that differ only in batch size, where it has two or more."""
+    overall = board[board.task == "overall"]
+    if overall.empty:
+        return []
+    unbatched = [c for c in SETTING if c != "batch_size"]
+    return [group for _, group in overall.groupby(unbatched, sort=False, dropna=False) if group.batch_size.nunique() > 1]
+
+
+def swept_methods(sweep: pd.DataFrame) -> list[str]:
+    """The methods (vanilla aside) run at two or more of the sweep's batch sizes, by name (variants together)."""
+    counts = sweep.groupby("method").batch_size.nunique()
+    return [m for m, n in counts.items() if n > 1 and m != VANILLA]
+
+
+def batch_sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
+    """A row per method run at two or more batch sizes, a column per batch size: throughput speedup over vanilla at that batch size (95% interval)
+    and, under it, `exact` when every question equals vanilla (or differs at a numeric tie); a first row with
+    vanilla's own throughput (the median over the runs' interleaved baselines) and its gain over batch 1."""
+    sizes = sorted(sweep.batch_size.unique())
+    vanilla_rate = {b: sweep[sweep.batch_size == b].baseline_tokens_per_s.median() for b in sizes}
+    rows = [{"Method": "vanilla tok/s", **{f"B={b}": f"{vanilla_rate[b]:.1f}" + (
+        f" ({vanilla_rate[b] / vanilla_rate[sizes[0]]:.2f}x)" if b != sizes[0] else "") for b in sizes}}]
+    for method in swept_methods(sweep):
+        row = {"Method": method}
+        for b in sizes:
+            hit = sweep[(sweep.method == method) & (sweep.batch_size == b)]
+            if hit.empty:
+                row[f"B={b}"] = "—"
+                continue
+            r = hit.iloc[0]
+            exact = "" if r.exact_match_or_tie == 1 else f" ≠ ({r.exact_match_or_tie:.2f} exact)"
+            row[f"B={b}"] = speedup_text(r.speedup, r.speedup_ci_low, r.speedup_ci_high) + exact
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_batch_sweep(sweep: pd.DataFrame, path: Path, title: str) -> None:
+    """Throughput speedup over vanilla at the same batch size against batch size, a line per method with its 95%
+    intervals, and the vanilla = 1.0 line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, rows in sweep[sweep.method.isin(swept_methods(sweep))].groupby("method", sort=False):
+        rows = rows.sort_values("batch_size")
+        errors = [rows.speedup - rows.speedup_ci_low, rows.speedup_ci_high - rows.speedup]
+        ax.errorbar(rows.batch_size, rows.speedup, yerr=None if rows.speedup_ci_low.isna().all() else errors,
+                    marker="o", capsize=3, label=method)
+    sizes = sorted(sweep.batch_size.unique())
+    ax.plot(sizes, [1.0] * len(sizes), color="black", linestyle="--", linewidth=1, label="vanilla")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size (sequences decoded at once)")
+    ax.set_ylabel("throughput speedup over vanilla at that batch size")
+    _title(ax, title)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+BATCH_NOTES = (
+    "Throughput speedup = the method's generated tokens/s over its batches / vanilla's, vanilla decoded in the same "
+    "batches interleaved with the method (batch 1: the usual per-question speedup); 95% interval from a paired "
+    "bootstrap over questions. The first row is vanilla's own throughput and its gain over the smallest batch."
+)
 
 
 # --- writing -------------------------------------------------------------------------------------------------------
@@ -556,6 +629,8 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         facts = setting_facts(group, group_runs)
         name = slug(group, taken)
         title = f"{facts['model']} · {facts['device']} · {facts['dtype']} · max_new_tokens {facts['max_new_tokens']}"
+        if facts["batch size"] != "1":
+            title += f" · batch {facts['batch size']}"
         table = wide_table(group)
         shown = formatted(table)
         warning = table_warnings(group)
@@ -596,6 +671,16 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
                     + "".join(f"<figure><img src='{html.escape(f)}' alt='{html.escape(k)}'><figcaption>"
                               f"{html.escape(k)}</figcaption></figure>" for k, f in cost_plots.items())
                     + "<h3>Acceptance rate by draft position</h3>" + _html_table(shown_acc))
+
+    for sweep in batch_sweeps(board):
+        first = sweep.iloc[0].to_dict()
+        title = f"{first['model']} · {first['device']} · {first['dtype']} · max_new_tokens {first['max_new_tokens']}"
+        name = f"batch_sweep-{slug(sweep.assign(batch_size=1), set())}.png"
+        plot_batch_sweep(sweep, out / name, title)
+        table = batch_sweep_table(sweep)
+        md += [f"## Batch-size sweep: {title}", "", BATCH_NOTES, "", markdown(table), "", f"![batch sweep]({name})", ""]
+        page.append(f"<h2>Batch-size sweep: {html.escape(title)}</h2><p>{html.escape(BATCH_NOTES)}</p>"
+                    + _html_table(table) + f"<figure><img src='{html.escape(name)}' alt='batch sweep'></figure>")
 
     (out / "leaderboard.md").write_text("\n".join(md))
     (out / "acceptance.md").write_text("\n".join(acc_md))

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from bench.contention import available_cores, is_starved, machine_load, start_warnings, verdict
 from bench import method_label
-from bench.batched import BatchedEngine
+from bench.batched import BATCH_PROBE_SHARE, BatchedEngine
 from bench.budget import AutoBudget, SpeculationPlanner
 from bench.costmodel import device_name
 from bench.engine import SpeculativeEngine, StopCondition
@@ -276,7 +276,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                                  cfg.repeats)
         vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
     else:
-        planner = SpeculationPlanner(profile) if planned else None
+        planner = SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE) if planned else None
         decode = BatchQuestionDecoder(BatchedEngine(model, drafter, sampling, planner), tokenizer, stop, device,
                                       context, cfg.repeats)
         vanilla = decode if is_vanilla else BatchQuestionDecoder(BatchedEngine(model, None, sampling), tokenizer,

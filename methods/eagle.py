@@ -182,6 +182,7 @@ class EagleDrafter:
 
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.cache = new_cache()  # plain layers: the tree rows can be cropped off again
+        self.context_len = 0  # cache length before the last drafted tree (update may come before any proposal)
         self.pending = hidden  # [m, H] target features not yet fed to the head (positions cache_len .. +m-1)
 
     def update(self, step) -> None:

@@ -122,6 +122,7 @@ class DraftModelDrafter:
     def start(self, prompt_ids: list[int]) -> None:
         self.num_draft_tokens = self.initial_draft_tokens
         self.cache = new_cache()
+        self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal
         self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
 
     @torch.inference_mode()

@@ -45,7 +45,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
               model: str = "m", dtype: str = "bfloat16", device: str = "cpu", device_name: str = "Test CPU",
               max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
               finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
-              torch_version: str = "2.13.0") -> Path:
+              torch_version: str = "2.13.0", batch_size: int = 1, batch_policy: str | None = None) -> Path:
     """A run folder as bench.run writes it."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
@@ -56,9 +56,11 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
     if drafter is None and method != "vanilla":
         drafter = {"_target_": f"methods.{method}.Drafter"}
     meta = {
-        "config": {"method": {"name": method, "drafter": drafter}, "model": {"name": model, "dtype": dtype},
-                   "task": {"name": task, "limit": 1}, "gen": {"max_new_tokens": max_new_tokens,
-                                                                "temperature": temperature}, "seed": 0},
+        "config": {"method": {"name": method, "drafter": drafter,
+                              **({"batch_policy": batch_policy} if batch_policy else {})},
+                   "model": {"name": model, "dtype": dtype}, "task": {"name": task, "limit": 1},
+                   "gen": {"max_new_tokens": max_new_tokens, "temperature": temperature, "batch_size": batch_size},
+                   "seed": 0},
         "git_commit": "abc", "torch": torch_version, "transformers": "5.24.0", "device": device,
         "device_name": device_name, "dtype": dtype, "host": "h", "started": finished, "finished": finished,
     }
