@@ -107,8 +107,8 @@ class BatchCache:
             index = torch.tensor([rows + [0] * (most - len(rows)) for rows in kept_rows], device=self.device) + past
             for layer in self.cache.layers:
                 for tensor in (layer.keys, layer.values):
-                    gathered = tensor.gather(2, index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3]))
-                    tensor[:, :, past : past + most] = gathered
+                    spread = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                    tensor[:, :, past : past + most] = tensor.gather(2, spread)
         surplus = self.cache.get_seq_length() - (past + most)
         if surplus:
             self.cache.crop(-surplus)

@@ -46,7 +46,8 @@ def device_name(device: torch.device) -> str:
 def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
     """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
     forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before)."""
-    return {**({"batch": batch} if batch > 1 else {}), "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
+    return {**({"batch": batch} if batch > 1 else {}),
+            "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
             "device": device.type, "device_name": device_name(device),
             "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
@@ -113,8 +114,9 @@ def profile_command(model_name: str, device: torch.device, threads: int | None, 
 def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
                           progress=None, batch: int = 1) -> list[list[float]]:
     """Median seconds of a forward over L new tokens (all logits, as a verification step computes them) after a
-    cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch` sequences at once. Repeats go round-robin over
-    all the points (after one untimed round), so that a machine whose speed drifts moves every point alike."""
+    cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch` sequences at once.
+    Repeats go round-robin over all the points (after one untimed round), so that a machine whose speed drifts moves
+    every point alike."""
     device = model.device
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)

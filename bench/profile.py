@@ -3,8 +3,8 @@ forward time t(L, c).
 
 Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens, for
 gen.batch_size sequences at once (median of profile.repeats), on the device, dtype and torch threads a run would
-use, and stores it as JSON in profile.dir keyed by that setting (bench/costmodel.py). Runs read it for their predicted speedup; `method.budget=auto` makes it when
-missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
+use, and stores it as JSON in profile.dir keyed by that setting (bench/costmodel.py). Runs read it for their
+predicted speedup; `method.budget=auto` and `method.batch_policy=adaptive` make it when missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
 """
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_profile(profile: Profile) -> None:
-    batch = f"batch {profile.setting['batch']}, " if "batch" in profile.setting else ""
-    print(f"t(L) in ms ({batch}{profile.setting['model']}, {profile.setting['device_name']}, {profile.setting['dtype']}, "
-          f"threads {profile.setting['threads']}):")
+    setting = profile.setting
+    batch = f"batch {setting['batch']}, " if "batch" in setting else ""
+    print(f"t(L) in ms ({batch}{setting['model']}, {setting['device_name']}, {setting['dtype']}, "
+          f"threads {setting['threads']}):")
     print("context " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
     for context, row in zip(profile.contexts, profile.seconds):
         print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))

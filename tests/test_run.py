@@ -14,7 +14,8 @@ import torch
 import bench.run
 from bench.engine import StopCondition, TurnOutput
 from bench.records import read_jsonl
-from bench.run import PROJECT_ROOT, QuestionDecoder, RepeatMismatchError, find_divergence, run
+from bench.decoding import QuestionDecoder, RepeatMismatchError
+from bench.run import PROJECT_ROOT, find_divergence, run
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
