@@ -33,9 +33,9 @@ from transformers import DynamicCache
 
 from bench.acceptance import Acceptance, greedy_path, speculative_sampling_accept
 from bench.budget import SpeculationPlanner, first_nodes
-from bench.engine import PhaseTimer, StepResult, StopCondition, TurnOutput
-from bench.kvcache import attention_windows, new_cache
-from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine import PhaseTimer, StepResult, StopCondition, TurnOutput, pick_token
+from bench.kvcache import additive_masks, attention_windows, new_cache
+from bench.sampling import SamplingConfig
 from bench.timing import device_time
 from bench.tree import DraftTree
 
@@ -91,12 +91,7 @@ class BatchCache:
         positions = lengths[:, None] + offsets.to(self.device)  # [B, L]
         visible = torch.cat([self.valid[:, None, :].expand(batch, length, past), local.to(self.device)], dim=-1)
         key_positions = torch.cat([self.slot_pos, positions], dim=-1)  # [B, T + L]
-        masks = {}
-        for window in set(windows.values()):
-            seen = visible if window is None else visible & (key_positions[:, None, :] > positions[:, :, None] - window)
-            mask = torch.zeros(batch, 1, length, past + length, dtype=dtype, device=self.device)
-            masks[window] = mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)
-        mask = masks.popitem()[1] if len(masks) == 1 else {kind: masks[w] for kind, w in windows.items()}
+        mask = additive_masks(visible, positions, key_positions, windows, dtype)
         return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
 
     def keep_accepted(self, kept_rows: list[list[int]]) -> None:
@@ -164,11 +159,6 @@ class BatchedEngine:
         parts = [out.hidden_states[i] for i in self.feature_layers]
         return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def _pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        return sample(logits_to_probs(logits, self.sampling).cpu(), generator)
-
     def _accept(self, logits: torch.Tensor, trees: list, sizes: list[int], generators: list) -> list[Acceptance]:
         if self.sampling.greedy:
             targets = logits.argmax(-1).tolist()  # [B, L]: the one host sync of the step
@@ -209,7 +199,7 @@ class BatchedEngine:
             caches.append(new_cache())
             logits, hidden = self._forward(input_ids=torch.tensor([prompt], device=self.device), cache=caches[-1],
                                            logits_to_keep=1)
-            roots.append(self._pick(logits[0, -1], generators[b]))
+            roots.append(pick_token(logits[0, -1], self.sampling, generators[b]))
             if drafters[b] is not None:
                 drafters[b].start(list(prompt), **({"hidden": hidden[0]} if hidden is not None else {}))
             contexts.append(list(prompt) + [roots[-1]])

@@ -120,6 +120,13 @@ def keep_accepted_kv(cache: DynamicCache, past_len: int, rows: list[int]) -> Non
         cache.crop(-surplus)
 
 
+def pick_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
+    """The target's next token from its logits [vocab]: the argmax under greedy decoding, else a sample."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return sample(logits_to_probs(logits, sampling).cpu(), generator)
+
+
 class NoDrafter:
     """Vanilla decoding: proposes nothing, so each step is one target forward for one token."""
 
@@ -153,9 +160,7 @@ class SpeculativeEngine:
         return out.logits[0], parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        return sample(logits_to_probs(logits, self.sampling).cpu(), generator)
+        return pick_token(logits, self.sampling, generator)
 
     def _accept(self, logits: torch.Tensor, tree: DraftTree | None, generator) -> Acceptance:
         if self.sampling.greedy:

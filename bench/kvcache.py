@@ -60,11 +60,19 @@ def tree_attention_mask(local: torch.Tensor, offsets: torch.Tensor, past_len: in
     allowed[:, past_len:] = local.to(device)
     queries = offsets + past_len  # [L] positions
     keys = torch.cat([torch.arange(past_len, device=device), queries])  # [past + L] positions
+    return additive_masks(allowed[None], queries[None], keys[None], windows, dtype)
+
+
+def additive_masks(allowed: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, windows: dict[str, int | None],
+                   dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Additive 4-D masks [B, 1, L, K] from what each query may attend (allowed: [B, L, K] bool) and the positions
+    of queries ([B, L]) and keys ([B, K]); a windowed layer type also hides keys `window` or more positions behind
+    the query. One mask when every layer type has the same window, else {layer type: mask}."""
     masks = {}
     for window in set(windows.values()):
-        visible = allowed if window is None else allowed & (keys[None, :] > queries[:, None] - window)
-        mask = torch.zeros(1, 1, length, past_len + length, dtype=dtype, device=device)
-        masks[window] = mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        visible = allowed if window is None else allowed & (keys[:, None, :] > queries[:, :, None] - window)
+        mask = torch.zeros(visible.shape[0], 1, *visible.shape[1:], dtype=dtype, device=visible.device)
+        masks[window] = mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
     if len(masks) == 1:
         return masks.popitem()[1]
     return {layer_type: masks[window] for layer_type, window in windows.items()}
