@@ -8,13 +8,15 @@ accepted rows, so its cache always holds the accepted context; the tree's rows a
 
 - EAGLE-1 (`method=eagle`): a static tree given as a choices list (like Medusa's: a path of top-k ranks), expanded
   level by level, one head forward per level.
-- EAGLE-2 (`method=eagle2`): a dynamic tree: `depth` levels, each expanding the `top_k` frontier nodes of highest
-  cumulative log-probability by their `top_k` best children; then the `total_token - 1` best nodes of all drafted
-  are verified.
+- EAGLE-2 (`method=eagle2`): a dynamic tree built as upstream's `topK_genrate` builds it: the root's `top_k`
+  children, then `depth` expansions of the `top_k` frontier nodes of highest cumulative log-probability, each
+  adding all `top_k` x `top_k` children as candidates; the `total_token - 1` best candidates are verified, so a step
+  verifies `total_token` tokens with the root (60 at upstream's 60/5/10). Drafted by top-k under sampling too (as
+  upstream): a deterministic tree that the engine verifies with the target's probabilities alone.
 
-Greedy decoding proposes the top-k children (deterministic). Under sampling the children of a node are drawn from
-the draft's q without replacement and the tree says so, so that the engine's rule removes a rejected token from q
-before the next sibling: lossless either way.
+EAGLE-1 proposes the top-k children under greedy decoding; under sampling a node's children are drawn from the
+draft's q without replacement and the tree says so, so that the engine's rule removes a rejected token from q before
+the next sibling. Both are lossless.
 """
 from __future__ import annotations
 
@@ -221,81 +223,115 @@ class EagleDrafter:
         if budget <= 1:
             return None
         root_feature = self._feed_pending(context)  # f^ at the root's position: predicts the depth-1 tokens
+        if self.static_children is None:
+            return self._dynamic_tree(root_feature)
+        return self._static_tree(root_feature)
+
+    # --- EAGLE-2: the dynamic tree, as upstream's `topK_genrate` builds it --------------------------------------
+
+    def _dynamic_tree(self, root_feature: torch.Tensor) -> DraftTree | None:
+        """EAGLE-2's tree. Level 1 is the root's top_k children; then `depth` expansions, each feeding the current
+        frontier (top_k nodes) through the head and scoring all top_k x top_k children by cumulative log q; the next
+        frontier is the best top_k of those. Every drafted node (top_k + depth x top_k^2 of them) is a candidate; the
+        total_token - 1 best are verified (with the root: total_token tokens), best first, so that a prefix of the
+        tree is the best smaller tree. Drafted by top-k under sampling too, as upstream does: the tree carries no
+        draft probabilities and the engine verifies it with the target's alone (lossless: distinct deterministic
+        siblings)."""
+        if self.total_token <= 1:
+            return None
+        k = min(self.top_k, self.vocab.size)
+        logq = self.vocab(root_feature[None]).float().log_softmax(-1)  # [1, V']
+        scores, positions = logq.topk(k, dim=-1)  # [1, k]
+        pool_positions, pool_scores = [positions[0]], [scores[0]]  # per level, flattened: [k], then [k * k] each
+        pool_parents = [torch.full((k,), -1, device=self.device)]  # pool index of each node's parent (-1 root)
+        frontier = torch.arange(k, device=self.device)  # pool indices of the nodes fed next
+        frontier_scores, frontier_positions = scores[0], positions[0]
+        inputs = root_feature[None].expand(k, -1)  # [k, H] each frontier node's parent's predicted feature
+        mask = torch.eye(k, dtype=torch.bool, device=self.device)  # [k, fed] frontier rows x fed tree rows
+        size = k
+        for level in range(self.depth):
+            features = self._feed_level(self.vocab.to_token_ids(frontier_positions), inputs, mask, level)  # [k, H]
+            child_scores, child_positions = self.vocab(features).float().log_softmax(-1).topk(k, dim=-1)  # [k, k]
+            cumulative = (frontier_scores[:, None] + child_scores).flatten()  # [k * k]
+            pool_positions.append(child_positions.flatten())
+            pool_scores.append(cumulative)
+            pool_parents.append(frontier.repeat_interleave(k))
+            best = cumulative.topk(k).indices  # the next frontier, as indices into this level's k * k children
+            frontier, frontier_scores = size + best, cumulative[best]
+            frontier_positions, inputs = child_positions.flatten()[best], features[best // k]
+            mask = torch.cat([mask[best // k], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
+            size += k * k
+        scores = torch.cat(pool_scores)
+        keep = scores.sort(descending=True, stable=True).indices[: self.total_token - 1]  # ties: the older node
+        tokens, parents = (torch.stack([self.vocab.to_token_ids(torch.cat(pool_positions)[keep]),
+                                        torch.cat(pool_parents)[keep]]).tolist())  # the step's one host sync
+        index = {old: new for new, old in enumerate(keep.tolist())}
+        assert all(p < 0 or p in index for p in parents), "a child never outranks its parent"
+        return DraftTree(tokens, [index[p] if p >= 0 else -1 for p in parents])
+
+    def _feed_level(self, token_ids: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor, level: int) -> torch.Tensor:
+        """Feed one tree level (pairs of a node's token and its parent's predicted feature) after the cached context
+        and the levels fed before; `mask` [rows, fed] says which fed tree rows (this level's last) each row sees.
+        Returns the rows' predicted features [rows, H]."""
+        n, rows = self.context_len, len(token_ids)
+        attend = torch.cat([torch.ones(rows, n, dtype=torch.bool, device=self.device), mask], dim=1)
+        additive = torch.zeros(attend.shape, dtype=self.dtype, device=self.device).masked_fill_(~attend, self._min_value)
+        positions = torch.full((1, rows), n + level, device=self.device)
+        return self.head(self.embed(token_ids[None]), inputs[None], cache=self.cache, position_ids=positions,
+                         attention_mask=additive[None, None])[0]
+
+    # --- EAGLE-1: the static tree ----------------------------------------------------------------------------------
+
+    def _static_tree(self, root_feature: torch.Tensor) -> DraftTree | None:
+        """EAGLE-1's tree: the `choices` paths, level by level (one head forward per level but the last). Under
+        sampling a node's children are drawn from q without replacement and the tree says so (EAGLE's own rule)."""
         n = self.context_len
         self._outputs = {-1: root_feature}  # node -> the head's predicted feature after it
-        # Every drafted node: token (vocabulary id), parent (node index, -1 root), score (cumulative log q), path
         tokens: list[int] = []
         parents: list[int] = []
-        scores: list[float] = []
         paths: list[tuple] = []
         probs: list[torch.Tensor] = []
         frontier = [-1]  # nodes whose children come next (-1: the root)
         frontier_features = root_feature[None]  # [f, H]
-        frontier_scores = torch.zeros(1, device=self.device)
         for level in range(1, self.depth + 1):
-            count = self._child_count(frontier, paths)
+            count = max(self.static_children.get(paths[node] if node >= 0 else (), 0) for node in frontier)
             if count == 0:
                 break
-            positions, logq, q = self._children(self.vocab(frontier_features), min(count, self.vocab.size))
+            positions, q = self._children(self.vocab(frontier_features), min(count, self.vocab.size))
             count = positions.shape[1]  # [f, count]: fewer where q has fewer nonzero tokens
-            cumulative = frontier_scores[:, None] + logq
-            new_nodes = self._select(frontier, paths, cumulative, count)  # [(frontier row, rank)]
+            new_nodes = [(r, k) for r, node in enumerate(frontier) for k in range(count)
+                         if (paths[node] if node >= 0 else ()) + (k,) in self.static_paths]
             if not new_nodes:
                 break
             rows = torch.tensor([r for r, _ in new_nodes], device=self.device)
             ranks = torch.tensor([k for _, k in new_nodes], device=self.device)
             node_tokens = self.vocab.to_token_ids(positions[rows, ranks]).tolist()
-            node_scores = cumulative[rows, ranks]
             first = len(tokens)
-            for (r, k), token, score in zip(new_nodes, node_tokens, node_scores.tolist()):
+            for (r, k), token in zip(new_nodes, node_tokens):
                 parent = frontier[r]
                 tokens.append(token)
                 parents.append(parent)
-                scores.append(score)
                 paths.append((paths[parent] if parent >= 0 else ()) + (k,))
                 if q is not None:
                     probs.append(q[r])
             if level == self.depth:
                 break
-            # feed the new nodes to the head (tree mask over the context and their ancestors) for the next level
-            new = list(range(first, len(tokens)))
-            frontier_features = self._tree_forward(tokens, parents, new, n)
-            frontier, frontier_scores = new, node_scores
+            frontier = list(range(first, len(tokens)))
+            frontier_features = self._tree_forward(tokens, parents, frontier, n)
         if not tokens:
             return None
-        keep = self._final_nodes(scores, parents)
-        remap = {old: i for i, old in enumerate(keep)}
-        tree = DraftTree([tokens[i] for i in keep], [remap[parents[i]] if parents[i] >= 0 else -1 for i in keep],
-                         torch.stack([probs[i] for i in keep]) if probs else None,
-                         "independent" if not probs else "without_replacement")
-        return tree
+        return DraftTree(tokens, parents, torch.stack(probs) if probs else None,
+                         "without_replacement" if probs else "independent")
 
-    def _child_count(self, frontier: list[int], paths: list[tuple]) -> int:
-        if self.static_children is None:
-            return self.top_k
-        return max((self.static_children.get(paths[node] if node >= 0 else (), 0) for node in frontier), default=0)
-
-    def _select(self, frontier: list[int], paths: list[tuple], cumulative: torch.Tensor, count: int) -> list[tuple[int, int]]:
-        """Which children to create: those in the static tree (EAGLE-1), or the top_k by cumulative score (EAGLE-2)."""
-        if self.static_children is not None:
-            return [(r, k) for r, node in enumerate(frontier) for k in range(count)
-                    if (paths[node] if node >= 0 else ()) + (k,) in self.static_paths]
-        best = cumulative.flatten().topk(min(self.top_k, cumulative.numel())).indices.tolist()
-        chosen = sorted((i // count, i % count) for i in best)
-        if not self.sampling.greedy:  # siblings drawn without replacement: keep a prefix of each node's draws
-            chosen = [(r, k) for r, k in chosen if all((r, j) in chosen for j in range(k))]
-        return chosen
-
-    def _final_nodes(self, scores: list[float], parents: list[int]) -> list[int]:
-        """Node indices to verify, parents before children: all (EAGLE-1), or the total_token - 1 best scores
-        (EAGLE-2; a child never outscores its parent, so ancestors come along; ties keep the older node)."""
-        if self.static_children is not None or len(scores) <= self.total_token - 1:
-            return list(range(len(scores)))
-        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: self.total_token - 1]
-        kept = set(order)
-        if not self.sampling.greedy:  # a sibling drawn later than a dropped one must go too
-            kept = self._prefix_closed(kept, parents)
-        return sorted(i for i in kept if all(p in kept for p in self._ancestors(i, parents)))
+    def _children(self, logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(slice positions [rows, count], q over the full vocabulary [rows, vocab] or None) of each row's children:
+        top-count under greedy, drawn without replacement under sampling."""
+        if self.sampling.greedy:
+            return logits.topk(count, dim=-1).indices, None
+        q = logits_to_probs(logits, self.sampling)  # [rows, V']
+        count = min(count, int((q > 0).sum(-1).min()))
+        positions = torch.multinomial(q.cpu(), count, replacement=False, generator=self.generator).to(q.device)
+        return positions, self.vocab.full_probs(q)
 
     @staticmethod
     def _ancestors(node: int, parents: list[int]) -> list[int]:
@@ -305,34 +341,21 @@ class EagleDrafter:
             out.append(node)
         return out
 
-    @staticmethod
-    def _prefix_closed(kept: set[int], parents: list[int]) -> set[int]:
-        siblings: dict[int, list[int]] = {}
-        for node, parent in enumerate(parents):
-            siblings.setdefault(parent, []).append(node)
-        closed = set()
-        for group in siblings.values():
-            for node in group:  # creation order is draw order
-                if node not in kept:
-                    break
-                closed.add(node)
-        return closed
-
     def _tree_forward(self, tokens: list[int], parents: list[int], new: list[int], n: int) -> torch.Tensor:
         """Feed the nodes `new` as pairs (their token, their parent's predicted feature) at depth positions with a
-        tree mask over the cached context and the tree rows fed before; returns their predicted features [len, H]."""
+        tree mask over the cached context and the tree rows fed before; returns their predicted features [len, H].
+        The mask is built on the host and copied once."""
         fed = self.cache.get_seq_length() - n  # tree rows already in the head's cache: nodes 0 .. fed-1
         ids = torch.tensor([[tokens[i] for i in new]], device=self.device)
         features = torch.stack([self._outputs[parents[i]] for i in new])[None]
-        depth = [len(self._ancestors(i, parents)) for i in new]
-        mask = torch.full((1, 1, len(new), n + fed + len(new)), self._min_value, dtype=self.dtype, device=self.device)
-        mask[..., :n] = 0
-        for row, node in enumerate(new):
-            for ancestor in self._ancestors(node, parents):
-                mask[0, 0, row, n + ancestor] = 0
-            mask[0, 0, row, n + fed + row] = 0
-        positions = torch.tensor([[n + d for d in depth]], device=self.device)
-        out = self.head(self.embed(ids), features, cache=self.cache, position_ids=positions, attention_mask=mask)[0]
+        ancestry = [self._ancestors(i, parents) for i in new]
+        mask = torch.full((len(new), n + fed + len(new)), self._min_value, dtype=self.dtype)
+        mask[:, :n] = 0
+        for row, ancestors in enumerate(ancestry):
+            mask[row, [n + a for a in ancestors] + [n + fed + row]] = 0
+        positions = torch.tensor([[n + len(a) for a in ancestry]], device=self.device)
+        out = self.head(self.embed(ids), features, cache=self.cache, position_ids=positions,
+                        attention_mask=mask.to(self.device)[None, None])[0]
         for row, node in enumerate(new):
             self._outputs[node] = out[row]
         return out

@@ -47,11 +47,72 @@ def test_greedy_eagle_equals_vanilla(tiny_model, prompts, shape, vocab_slice, on
         drafter = Recorder(tiny_model, head=random_head(tiny_model, seed), vocab=vocab, **knobs)
         assert_lossless(tiny_model, drafter, prompt, 40)
         accepted += drafter.accepted
-        expected_size = 25 if shape == "eagle1" else min(knobs["total_token"] - 1, knobs["depth"] * knobs["top_k"])
+        k = knobs.get("top_k", 0)
+        expected_size = 25 if shape == "eagle1" else min(knobs["total_token"] - 1, k + knobs["depth"] * k * k)
         assert max(drafter.sizes) == expected_size
     assert 0 in accepted
     if shape != "eagle2-small":  # wide trees: a random head is sometimes right
         assert max(accepted) >= 1
+
+
+@torch.no_grad()
+def upstream_eagle2_paths(model, head, prompt: list[int], total_token: int, depth: int, top_k: int) -> set[tuple]:
+    """The first EAGLE-2 tree as SafeAILab's `topK_genrate` defines it, recomputed without any cache: every node's
+    predicted feature comes from an uncached head forward over the context's (token t+1, f_t) pairs and its path.
+    Level 1: the root's top_k children; then `depth` times: expand the top_k frontier, all top_k^2 children become
+    candidates, the next frontier is their best top_k by cumulative log q; verify the best total_token - 1."""
+    ids = torch.tensor([prompt])
+    features = model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]  # f_0 .. f_{P-1}
+    root = int(model(input_ids=ids).logits[0, -1].argmax())
+    context = prompt + [root]
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+
+    def predicted(path: tuple) -> torch.Tensor:  # the head's feature after the pair ending the path
+        feats = [features]
+        for d in range(len(path) + 1):
+            tokens = context[1:] + list(path[:d])
+            out = head(embed(torch.tensor([tokens])), torch.cat(feats)[None])[0, -1]
+            feats.append(out[None])
+        return feats[-1][0]
+
+    def children(path: tuple, score: float) -> list[tuple[float, tuple]]:
+        logq = lm_head(predicted(path)).log_softmax(-1)
+        values, tokens = logq.topk(top_k)
+        return [(score + float(v), path + (int(t),)) for v, t in zip(values, tokens)]
+
+    frontier = children((), 0.0)
+    pool = list(frontier)
+    for _ in range(depth):
+        candidates = [c for score, path in frontier for c in children(path, score)]
+        pool += candidates
+        frontier = sorted(candidates, key=lambda c: -c[0])[:top_k]
+    return {path for _, path in sorted(pool, key=lambda c: -c[0])[: total_token - 1]}
+
+
+def tree_paths(tree) -> set[tuple]:
+    paths: list[tuple] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
+@pytest.mark.parametrize("total_token, depth, top_k", [(8, 3, 2), (60, 5, 10), (4, 3, 3), (6, 2, 4), (30, 0, 5)])
+def test_eagle2_tree_is_upstreams(tiny_model, prompts, total_token, depth, top_k, one_thread):
+    """Our first EAGLE-2 proposal (cached head, tree masks, one level per forward) is upstream's tree: the same
+    nodes, total_token - 1 of them (the step verifies total_token with the root), best first."""
+    head = random_head(tiny_model, 7)
+    prompt = prompts[1]
+    drafter = EagleDrafter(tiny_model, head=head, total_token=total_token, depth=depth, top_k=top_k)
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = tiny_model(input_ids=ids, output_hidden_states=True)
+    drafter.start(prompt, hidden=out.hidden_states[-1][0])
+    tree = drafter.propose(prompt + [int(out.logits[0, -1].argmax())], 100)
+    expected = upstream_eagle2_paths(tiny_model, head, prompt, total_token, depth, top_k)
+    assert len(tree) == len(expected) == min(total_token - 1, top_k + depth * top_k * top_k)
+    assert tree_paths(tree) == expected
+    assert tree.draft_probs is None
+    assert all(p < i for i, p in enumerate(tree.parents))
 
 
 def test_head_cache_equals_a_fresh_prefill_of_the_accepted_context(tiny_model, prompts, one_thread):

@@ -201,8 +201,8 @@ def test_siblings_drawn_without_replacement_follow_p(rule, lossless):
 
 @pytest.mark.parametrize("method", ["medusa", "eagle2"])
 def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
-    """A Medusa tree (deterministic top-k siblings) and an EAGLE-2 tree (siblings sampled without replacement) on
-    random heads: the token at POSITION follows the target's exact distribution."""
+    """A Medusa tree and an EAGLE-2 tree (both deterministic top-k siblings) on random heads: the token at POSITION
+    follows the target's exact distribution."""
     from methods.eagle import EagleDrafter, EagleHead
     from methods.medusa import MedusaDrafter, MedusaHeads
 
