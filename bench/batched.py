@@ -6,7 +6,8 @@ The steps are the batch-1 engine's (bench/engine.py), row by row:
   2. each row's own drafter (`fork_drafter`: a copy of the method's drafter) proposes a tree under its root;
   3. one target forward over [B, L] inputs (each row's root, nodes and aux nodes, padded to the longest row) with a
      4-D mask [B, 1, L, T + L] and each row's own positions;
-  4. each row accepts its own path (under greedy decoding, one host sync for the whole batch);
+  4. each row accepts its own path (one device-to-host copy for the whole batch: greedy decoding's argmax, or
+     under sampling the probabilities of every row's tree);
   5. each row keeps its accepted tokens in the cache; rows that finish leave the batch.
 
 Cache layout (`BatchCache`): one DynamicCache [B, heads, T, dim]. Row b's tokens sit in the slots where `valid[b]`
@@ -31,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from bench.acceptance import Acceptance, greedy_path, speculative_sampling_accept
+from bench.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
 from bench.budget import SpeculationPlanner, first_nodes
 from bench.engine import PhaseTimer, StepResult, StopCondition, TurnOutput, pick_token
-from bench.kvcache import additive_masks, attention_windows, new_cache
+from bench.kvcache import additive_masks, attention_windows, host_to_device, new_cache
 from bench.sampling import SamplingConfig
 from bench.timing import device_time
 from bench.tree import DraftTree
@@ -77,19 +78,19 @@ class BatchCache:
 
     def step_inputs(self, roots: list[int], trees: list[DraftTree | None], windows: dict, dtype) -> dict:
         """input_ids [B, L], position_ids [B, L] and the additive 4-D mask [B, 1, L, T + L] of one step."""
-        rows = [[root] if tree is None else [root, *tree.tokens, *tree.aux_tokens] for root, tree in zip(roots, trees)]
-        batch, length, past = len(rows), max(map(len, rows)), self.slots
-        ids = torch.tensor([row + [row[0]] * (length - len(row)) for row in rows], device=self.device)
+        sizes = [1 if tree is None else 1 + len(tree) + len(tree.aux_tokens) for tree in trees]
+        batch, length, past = len(trees), max(sizes), self.slots
+        ids = _step_ids(roots, trees, length, self.device)
         offsets = torch.zeros(batch, length, dtype=torch.long)  # padding inputs: the root's position, seeing itself
         local = torch.eye(length, dtype=torch.bool).repeat(batch, 1, 1)  # [B, L, L]
-        for b, tree in enumerate(trees):
+        for b, (tree, size) in enumerate(zip(trees, sizes)):
             if tree is not None:
-                size = len(rows[b])
                 offsets[b, :size] = tree.position_offsets
                 local[b, :size, :size] = tree.local_mask
-        lengths = torch.tensor(self.lengths, device=self.device)
-        positions = lengths[:, None] + offsets.to(self.device)  # [B, L]
-        visible = torch.cat([self.valid[:, None, :].expand(batch, length, past), local.to(self.device)], dim=-1)
+        lengths = host_to_device(self.lengths, self.device, torch.long)
+        positions = lengths[:, None] + host_to_device(offsets, self.device)  # [B, L]
+        visible = torch.cat([self.valid[:, None, :].expand(batch, length, past), host_to_device(local, self.device)],
+                            dim=-1)
         key_positions = torch.cat([self.slot_pos, positions], dim=-1)  # [B, T + L]
         mask = additive_masks(visible, positions, key_positions, windows, dtype)
         return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
@@ -99,7 +100,8 @@ class BatchCache:
         past, counts = self.slots, [len(rows) for rows in kept_rows]  # the step's inputs follow slot `past`
         most = max(counts)
         if any(rows != list(range(len(rows))) for rows in kept_rows):
-            index = torch.tensor([rows + [0] * (most - len(rows)) for rows in kept_rows], device=self.device) + past
+            index = host_to_device([[past + row for row in rows] + [past] * (most - len(rows)) for rows in kept_rows],
+                                   self.device, torch.long)
             for layer in self.cache.layers:
                 for tensor in (layer.keys, layer.values):
                     spread = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
@@ -107,9 +109,9 @@ class BatchCache:
         surplus = self.cache.get_seq_length() - (past + most)
         if surplus:
             self.cache.crop(-surplus)
-        counted = torch.tensor(counts, device=self.device)
+        counted = host_to_device(counts, self.device, torch.long)
         steps = torch.arange(most, device=self.device)
-        lengths = torch.tensor(self.lengths, device=self.device)
+        lengths = host_to_device(self.lengths, self.device, torch.long)
         self.valid = torch.cat([self.valid, steps[None, :] < counted[:, None]], dim=1)
         self.slot_pos = torch.cat([self.slot_pos, lengths[:, None] + steps[None, :]], dim=1)
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
@@ -122,7 +124,7 @@ class BatchCache:
         """Keep only batch rows `rows` (in that order), each with its tokens in slots 0..n_b - 1."""
         lengths = [self.lengths[r] for r in rows]
         total = max(lengths)
-        picked = torch.tensor(rows, device=self.device)
+        picked = host_to_device(rows, self.device, torch.long)
         valid = self.valid[picked]
         order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :total]  # each row's tokens first
         for layer in self.cache.layers:
@@ -131,9 +133,20 @@ class BatchCache:
                 setattr(layer, name, tensor.gather(2, order[:, None, :, None].expand(-1, tensor.shape[1], -1,
                                                                                      tensor.shape[3])))
         slots = torch.arange(total, device=self.device)
-        self.valid = slots[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        self.valid = slots[None, :] < host_to_device(lengths, self.device, torch.long)[:, None]
         self.slot_pos = slots.expand(len(rows), total).clone()
         self.lengths = lengths
+
+
+def _step_ids(roots: list[int], trees: list[DraftTree | None], length: int, device: torch.device) -> torch.Tensor:
+    """[B, L] input ids of a step, each row padded with its root; draft tokens a drafter left on the device
+    (DeviceTokens) stay there."""
+    if not any(tree is not None and tree.tokens_on_device for tree in trees):
+        rows = [[root] if tree is None else [root, *tree.tokens, *tree.aux_tokens] for root, tree in zip(roots, trees)]
+        return host_to_device([row + [row[0]] * (length - len(row)) for row in rows], device, torch.long)
+    rows = [host_to_device([root], device, torch.long) if tree is None else tree.input_ids(root, device)
+            for root, tree in zip(roots, trees)]
+    return torch.stack([torch.cat([row, row[:1].expand(length - len(row))]) for row in rows])
 
 
 def _pad_slots(tensor: torch.Tensor, total: int) -> torch.Tensor:
@@ -159,12 +172,13 @@ class BatchedEngine:
         parts = [out.hidden_states[i] for i in self.feature_layers]
         return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def _accept(self, logits: torch.Tensor, trees: list, sizes: list[int], generators: list) -> list[Acceptance]:
+    def _accept(self, logits: torch.Tensor, trees: list, generators: list) -> list[Acceptance]:
         if self.sampling.greedy:
-            targets = logits.argmax(-1).tolist()  # [B, L]: the one host sync of the step
+            targets = host_with_drafts(logits.argmax(-1), trees)  # [B, L]: the one host sync of the step
             return [greedy_path(target, tree) for target, tree in zip(targets, trees)]
-        return [speculative_sampling_accept(logits[b, : sizes[b]], tree, self.sampling, generator)
-                for b, (tree, generator) in enumerate(zip(trees, generators))]
+        probs = probs_on_host(list(logits), trees, self.sampling)  # one copy for the whole batch
+        return [sampling_path(target, draft, tree, generator)
+                for (target, draft), tree, generator in zip(probs, trees, generators)]
 
     def _propose(self, drafters: list, contexts: list[list[int]], budgets: list[int]) -> list[DraftTree | None]:
         """Each row's tree; under a planner, none when it rests the drafters, else cut to the size that pays for
@@ -218,7 +232,7 @@ class BatchedEngine:
             timer.lap("draft")
             logits, hidden = self._forward(**inputs, cache=state.cache)  # 3. one forward verifies every row
             timer.lap("verify")
-            acceptances = self._accept(logits, trees, sizes, [generators[b] for b in active])  # 4.
+            acceptances = self._accept(logits, trees, [generators[b] for b in active])  # 4.
             state.keep_accepted([a.rows for a in acceptances])  # 5.
             staying = []
             for i, (b, tree, acceptance) in enumerate(zip(active, trees, acceptances)):

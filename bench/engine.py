@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
-from bench.kvcache import attention_windows, new_cache, tree_attention_mask
+from bench.kvcache import attention_windows, host_to_device, new_cache, tree_attention_mask
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.timing import device_time
 from bench.tree import DraftTree
@@ -111,7 +111,7 @@ def keep_accepted_kv(cache: DynamicCache, past_len: int, rows: list[int]) -> Non
     """Keep past_len cached positions plus the step's inputs at `rows`, in that order; drop the rest."""
     kept = past_len + len(rows)
     if rows != list(range(len(rows))):
-        index = torch.tensor(rows, device=cache.layers[0].keys.device) + past_len
+        index = host_to_device([past_len + row for row in rows], cache.layers[0].keys.device, torch.long)
         for layer in cache.layers:
             layer.keys[..., past_len:kept, :] = layer.keys[..., index, :]
             layer.values[..., past_len:kept, :] = layer.values[..., index, :]
@@ -168,12 +168,14 @@ class SpeculativeEngine:
         return speculative_sampling_accept(logits, tree, self.sampling, generator)
 
     def _verify_inputs(self, root: int, tree: DraftTree | None, past_len: int) -> dict:
-        """input_ids, and for real trees explicit positions and 4-D additive masks [1, 1, L, past + L]."""
-        tokens = [root] if tree is None else [root, *tree.tokens, *tree.aux_tokens]
-        inputs = {"input_ids": torch.tensor([tokens], device=self.device)}
-        if tree is not None and not tree.is_chain:  # chains use the model's own causal mask
-            offsets = tree.position_offsets.to(self.device)
-            inputs["attention_mask"] = tree_attention_mask(tree.local_mask, offsets, past_len, self._windows,
+        """input_ids, and for real trees explicit positions and 4-D additive masks [1, 1, L, past + L]; built on
+        the device from the tree's cached device tensors, with no host sync."""
+        if tree is None:
+            return {"input_ids": host_to_device([[root]], self.device, torch.long)}
+        inputs = {"input_ids": tree.input_ids(root, self.device)[None]}
+        if not tree.is_chain:  # chains use the model's own causal mask
+            local, offsets = tree.on_device(self.device)
+            inputs["attention_mask"] = tree_attention_mask(local, offsets, past_len, self._windows,
                                                            self.model.dtype)
             inputs["position_ids"] = (offsets + past_len).unsqueeze(0)
         return inputs

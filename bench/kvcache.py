@@ -46,18 +46,31 @@ def new_cache() -> DynamicCache:
     return DynamicCache()
 
 
+def host_to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host data (Python lists or a host tensor) on `device` without stalling the host: on CUDA it goes through
+    pinned memory and an asynchronous copy, where `torch.tensor(data, device=cuda)` or `.to(cuda)` of a pageable
+    tensor waits until the copy is done, i.e. until the device's queue has drained."""
+    host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    device = torch.device(device)
+    if host.device == device:
+        return host
+    if device.type == "cuda" and host.device.type == "cpu":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def tree_attention_mask(local: torch.Tensor, offsets: torch.Tensor, past_len: int, windows: dict[str, int | None],
                         dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
     """Additive 4-D mask [1, 1, L, past_len + L] of a tree step: 0 where a query may attend, dtype-min elsewhere.
 
-    local: [L, L] bool, which step inputs each step input sees; offsets: [L] positions relative to the root, on the
-    model's device. A windowed layer type also hides keys `window` or more positions behind the query (transformers'
-    rule: key > query - window). One mask when every layer type has the same window, else {layer type: mask}, the
-    form that models mixing windowed and full layers (Gemma 2/3, Qwen2...) take.
+    local: [L, L] bool, which step inputs each step input sees; offsets: [L] positions relative to the root; both on
+    the model's device (DraftTree.on_device). A windowed layer type also hides keys `window` or more positions behind
+    the query (transformers' rule: key > query - window). One mask when every layer type has the same window, else
+    {layer type: mask}, the form that models mixing windowed and full layers (Gemma 2/3, Qwen2...) take.
     """
     length, device = len(offsets), offsets.device
     allowed = torch.ones(length, past_len + length, dtype=torch.bool, device=device)  # [L, past + L]
-    allowed[:, past_len:] = local.to(device)
+    allowed[:, past_len:] = local
     queries = offsets + past_len  # [L] positions
     keys = torch.cat([torch.arange(past_len, device=device), queries])  # [past + L] positions
     return additive_masks(allowed[None], queries[None], keys[None], windows, dtype)

@@ -1,17 +1,65 @@
 """The token tree a drafter proposes for one verification step (a chain is a tree with one branch)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+
+from bench.kvcache import host_to_device
+
+SHAPE_CACHE = ("depths", "children", "local_mask", "position_offsets", "is_chain", "device_layouts")
+
+
+class DeviceTokens(Sequence):
+    """Draft tokens still on the device ([n] int64), as a drafter that picks them there (Medusa) hands them over: the
+    engine feeds `ids` to the verify forward as they are and brings them to the host with the step's one acceptance
+    copy (`fill`). Reading them before that copies them to the host there and then (a host sync on CUDA)."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+        self._host: list[int] | None = None
+
+    @property
+    def on_host(self) -> bool:
+        return self._host is not None
+
+    def fill(self, tokens: list[int]) -> None:
+        """The same tokens, already brought to the host."""
+        self._host = tokens
+
+    def _list(self) -> list[int]:
+        if self._host is None:
+            self._host = self.ids.tolist()
+        return self._host
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and self._host is None:
+            return DeviceTokens(self.ids[index])  # a cut tree (budget.first_nodes) stays on the device
+        return self._list()[index]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other) -> bool:
+        return self._list() == (other._list() if isinstance(other, DeviceTokens) else other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"DeviceTokens({self._list() if self.on_host else self.ids})"
 
 
 @dataclass
 class DraftTree:
     """Candidate tokens hanging under the root, i.e. the last accepted token (not yet in the KV cache).
 
-    `tokens[i]` is node i's token and `parents[i]` its parent node (-1: the root); parents come before children.
+    `tokens[i]` is node i's token (a list, or DeviceTokens when the drafter made them on the device) and
+    `parents[i]` its parent node (-1: the root); parents come before children.
     `draft_probs` ([n, vocab], optional) holds the distribution each node was drawn from, for speculative sampling;
     None means the proposal was deterministic. `siblings` says how the children of one node were drawn:
     "independent" (each from its own row of draft_probs) or "without_replacement" (in order, from their parent's
@@ -21,7 +69,7 @@ class DraftTree:
     root + `aux_depths` ([m]).
     """
 
-    tokens: list[int]
+    tokens: list[int] | DeviceTokens
     parents: list[int]
     draft_probs: torch.Tensor | None = None  # [n, vocab]
     siblings: str = "independent"  # or "without_replacement"
@@ -33,14 +81,39 @@ class DraftTree:
     def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
 
-    def with_tokens(self, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
-        """A tree of the same shape with other tokens; its cached mask, positions and children are reused, so a
-        method with a static tree (Medusa) builds them once, not every step."""
-        tree = DraftTree(list(tokens), self.parents, draft_probs, self.siblings)
-        for name in ("depths", "children", "local_mask", "position_offsets", "is_chain"):
-            if name in self.__dict__:
-                tree.__dict__[name] = self.__dict__[name]
+    def with_tokens(self, tokens: list[int] | DeviceTokens, draft_probs: torch.Tensor | None = None) -> "DraftTree":
+        """A tree of the same shape with other tokens; its mask, positions and children (on the host and on the
+        device) are built once on this tree and shared, so a method with a static tree (Medusa) builds them once,
+        not every step."""
+        tree = DraftTree(tokens if isinstance(tokens, DeviceTokens) else list(tokens), self.parents, draft_probs,
+                         self.siblings)
+        for name in SHAPE_CACHE:
+            tree.__dict__[name] = getattr(self, name)
         return tree
+
+    @property
+    def tokens_on_device(self) -> bool:
+        """True while the node tokens are DeviceTokens not yet brought to the host."""
+        return isinstance(self.tokens, DeviceTokens) and not self.tokens.on_host
+
+    def input_ids(self, root: int, device: torch.device) -> torch.Tensor:
+        """[L] the step's input tokens (root, nodes, aux nodes) on `device`, without stalling the host."""
+        if not self.tokens_on_device:
+            return host_to_device([root, *self.tokens, *self.aux_tokens], device, torch.long)
+        return torch.cat([host_to_device([root], device, torch.long), self.tokens.ids.long(),
+                          host_to_device(self.aux_tokens, device, torch.long)])
+
+    def on_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(local_mask, position_offsets) on `device`, copied there once per tree shape (see with_tokens)."""
+        key = str(device)
+        if key not in self.device_layouts:
+            self.device_layouts[key] = (host_to_device(self.local_mask, device),
+                                        host_to_device(self.position_offsets, device))
+        return self.device_layouts[key]
+
+    @cached_property
+    def device_layouts(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {}
 
     def __len__(self) -> int:
         return len(self.tokens)

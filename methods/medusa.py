@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from bench.models import MissingArtifactError, artifact_fingerprint
-from bench.tree import DraftTree
+from bench.tree import DeviceTokens, DraftTree
 from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
                            read_heads)
 from methods.trees import resolve_choices
@@ -164,12 +164,14 @@ class MedusaDrafter(LastFeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        """The static tree with this step's candidates, left on the device: the engine reads them back with its
+        acceptance copy, so drafting makes no host sync."""
         if budget <= 1:
             return None
         candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
                                   for k in range(self.num_used_heads)])  # [heads, top_k]
         tokens = self.vocab.to_token_ids(candidates[self.node_heads, self.node_ranks])  # [n]
-        return self.template.with_tokens(tokens.tolist())
+        return self.template.with_tokens(DeviceTokens(tokens))
 
 
 class MedusaRecipe:
