@@ -22,6 +22,11 @@ class MissingArtifactError(RuntimeError):
     """An artifact (package, weights, datastore) a run needs is not there; the message says how to get it."""
 
 
+class InvalidArtifactError(MissingArtifactError):
+    """An artifact is there but unusable (a truncated or corrupt file, weights whose keys or shapes do not fit); the
+    message names the file and how to replace it."""
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` picks CUDA when available, else CPU."""
     if name == "auto":

@@ -5,17 +5,23 @@
   draft's distribution is simply zero outside the slice.
 - `ResBlock`: Medusa's residual block, x + SiLU(Linear(x)), zero-initialised so an untrained block is the identity.
 - `save_heads` / `read_heads`: a checkpoint folder (config.json, fp16 model.safetensors, card.json).
+- `read_json`, `read_tensors`, `load_strictly`: what every loader reads checkpoints with. A file that cannot be
+  parsed (truncated, corrupt) and weights whose keys or shapes do not fit the module are refused in one line naming
+  the file and the fix (`bench.models.InvalidArtifactError`, exit status 2 from `python -m bench`).
 """
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
+from typing import Callable, Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
-from bench.models import MissingArtifactError, resolve_artifact_path
+from bench.models import InvalidArtifactError, MissingArtifactError, resolve_artifact_path
 
 
 class ResBlock(nn.Module):
@@ -135,8 +141,71 @@ def read_heads(folder: Path, method: str, train_command: str) -> tuple[dict, dic
     """(config, tensors) of a checkpoint written by save_heads for `method`; a clear error when it is missing."""
     if not (folder / "config.json").exists():
         raise MissingArtifactError(f"{method} checkpoint not found at {folder}; make it with: {train_command}")
-    config = json.loads((folder / "config.json").read_text())
+    fix = f"remake it with: {train_command}"
+    config = read_json(folder / "config.json", fix)
     if config.get("specbench_method") != method:
         raise MissingArtifactError(f"{folder} holds no {method} checkpoint of this project (config.json says "
                                    f"{config.get('specbench_method')!r}); make one with: {train_command}")
-    return config, load_file(folder / "model.safetensors")
+    return config, read_tensors(folder / "model.safetensors", fix)
+
+
+def read_json(path: Path, fix: str) -> dict:
+    """A JSON object file ({} when absent); unparsable JSON is refused in one line."""
+    if not path.exists():
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InvalidArtifactError(f"{path} is not valid JSON ({_first_line(err)}); {fix}") from err
+    if not isinstance(value, dict):
+        raise InvalidArtifactError(f"{path} holds a JSON {type(value).__name__}, not an object; {fix}")
+    return value
+
+
+def read_tensors(file: Path, fix: str, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file or a torch pickle (.pt/.bin/.pth) whose names start with `prefix`, the
+    prefix removed; on the CPU. A missing file, and one that cannot be parsed (truncated, corrupt), are refused in one
+    line naming it and `fix`."""
+    if not file.exists():
+        raise MissingArtifactError(f"{file} not found; {fix}")
+    try:
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), framework="pt") as f:
+                return {k.removeprefix(prefix): f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except Exception as err:  # SafetensorError, zip / pickle errors, OSError on a cut-short file, ...
+        raise InvalidArtifactError(f"{file} cannot be read ({type(err).__name__}: {_first_line(err)}): truncated or "
+                                   f"corrupt; {fix}") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InvalidArtifactError(f"{file} holds no flat dict of tensors (a {type(state).__name__}); {fix}")
+    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+
+
+def load_strictly(module: nn.Module, tensors: dict[str, torch.Tensor], source, fix: str,
+                  file_key: Callable[[str], str] = lambda key: key, provided: Iterable[str] = (),
+                  dropped: Callable[[str], bool] = lambda key: False) -> None:
+    """Load `tensors` (named as in the file) into `module`: every module key but those `provided` otherwise must be
+    in the file, as `file_key(key)` and with its shape, and every file key must be used or `dropped` (deliberately
+    ignored); else one line naming `source`, the keys at fault (first few, and how many) and `fix`."""
+    provided = set(provided)
+    wanted = [(key, file_key(key), value.shape) for key, value in module.state_dict().items() if key not in provided]
+    used = {name for _, name, _ in wanted}
+    missing = sorted(name for name in used if name not in tensors)
+    unexpected = sorted(name for name in tensors if name not in used and not dropped(name))
+    misshaped = sorted({f"{name} {list(tensors[name].shape)} not {list(shape)}" for _, name, shape in wanted
+                        if name in tensors and tensors[name].shape != shape})
+    faults = [key_summary(keys, what) for keys, what in ((missing, "missing"), (unexpected, "unexpected"),
+                                                  (misshaped, "of the wrong shape")) if keys]
+    if faults:
+        raise InvalidArtifactError(f"{source} does not fit: {'; '.join(faults)}; {fix}")
+    module.load_state_dict({key: tensors[name] for key, name, _ in wanted}, strict=False)
+
+
+def key_summary(keys: list[str], what: str, shown: int = 3) -> str:
+    """'2 keys missing (a, b)', '7 keys unexpected (a, b, c, ...)'."""
+    more = ", ..." if len(keys) > shown else ""
+    return f"{len(keys)} key{'s' if len(keys) > 1 else ''} {what} ({', '.join(keys[:shown])}{more})"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]

@@ -11,11 +11,14 @@ Hydra++ checkpoints as published (zankner/Hydra's `prefix-mlp` heads, e.g. ankne
 `HydraPrefixHeads`: a one-decoder-layer "prefix" of the target's architecture (with its own norms and KV cache)
 reads the target's features of the accepted context, and its output at the last one is the h_t the heads read;
 head k is res(x) + SiLU(W x) on its (k + 2) x H input, then one ResBlock applied num_layers - 1 times (the same
-block each time, as upstream builds it), then the head's own vocabulary projection (with a bias).
+block each time, as upstream builds it: its last stored copy is the one upstream's loading leaves), then the head's
+own vocabulary projection (with a bias). Loading is strict: the only file keys dropped are the prefix's token
+embedding (its inputs are features), the earlier copies of the shared block and rotary `inv_freq` buffers; anything
+else missing, unexpected or mis-shaped, or an unreadable file, is refused in one line (InvalidArtifactError).
 """
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import torch
@@ -23,10 +26,10 @@ from torch import nn
 from transformers import AutoModel
 
 from bench.kvcache import new_cache
-from bench.models import MissingArtifactError, artifact_fingerprint
+from bench.models import InvalidArtifactError, MissingArtifactError, artifact_fingerprint
 from bench.tree import DraftTree
 from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
-                           read_heads)
+                           load_strictly, read_heads, read_json, read_tensors)
 from methods.eagle import one_layer_config
 from methods.medusa import static_tree
 
@@ -115,8 +118,8 @@ class HydraPrefixHeads(nn.Module):
         hidden = target_config.hidden_size
         self.prefix = AutoModel.from_config(one_layer_config(target_config))  # rotary, masks, cache: HF's
         self.first = nn.ModuleList(GroundedBlock((k + 2) * hidden, hidden) for k in range(num_heads))
-        self.repeated = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
         self.repeats = num_layers - 1
+        self.repeated = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads if self.repeats else 0))
         self.projections = nn.ModuleList(nn.Linear(hidden, vocab_size) for _ in range(num_heads))
 
     @property
@@ -135,14 +138,15 @@ class HydraPrefixHeads(nn.Module):
 
 
 UPSTREAM_HEAD_FILE = "hydra_lm_head.pt"
+UPSTREAM_FIX = (f"download the whole checkpoint folder again (huggingface-cli download <hub id>) or train heads "
+                f"with: {TRAIN_COMMAND}")
 
 
 def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads | HydraPrefixHeads, DraftVocabulary, str]:
     """(heads, vocabulary, fingerprint) of a checkpoint made by `python -m bench.train method=hydra`, or of a
     published Hydra++ one (config.json with `hydra_head_arch: prefix-mlp` + hydra_lm_head.pt)."""
     folder = checkpoint_folder(checkpoint, "Hydra")
-    config_path = folder / "config.json"
-    upstream = json.loads(config_path.read_text()) if config_path.exists() else {}
+    upstream = read_json(folder / "config.json", UPSTREAM_FIX)
     lm_head = target.get_output_embeddings()
     if "hydra_head_arch" in upstream:
         heads = _load_upstream(folder, upstream, target)
@@ -150,7 +154,8 @@ def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads | HydraPrefix
     else:
         config, state = read_heads(folder, "hydra", TRAIN_COMMAND)
         heads = HydraHeads(lm_head.weight.shape[1], config["num_heads"], config["num_layers"])
-        heads.load_state_dict({k: v for k, v in state.items() if k != "draft_vocab_ids"})
+        load_strictly(heads, {k: v for k, v in state.items() if k != "draft_vocab_ids"}, folder / "model.safetensors",
+                      f"remake it with: {TRAIN_COMMAND}")
         vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
@@ -158,41 +163,40 @@ def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads | HydraPrefix
 def _load_upstream(folder: Path, config: dict, target) -> HydraPrefixHeads:
     arch, grounded = config["hydra_head_arch"], config.get("grounded_heads", False)
     if arch != "prefix-mlp" or not grounded or config.get("hidden_state_offset", 0):
-        raise ValueError(f"{folder}: Hydra head architecture {arch!r} (grounded_heads={grounded}, hidden_state_offset="
-                         f"{config.get('hidden_state_offset', 0)}) is not supported; methods/hydra.py loads Hydra++ "
-                         f"(prefix-mlp, grounded, offset 0) and its own checkpoints (python -m bench.train method=hydra)")
+        raise InvalidArtifactError(f"{folder}: Hydra head architecture {arch!r} (grounded_heads={grounded}, "
+                                   f"hidden_state_offset={config.get('hidden_state_offset', 0)}) is not supported; "
+                                   f"methods/hydra.py loads Hydra++ (prefix-mlp, grounded, offset 0) and its own "
+                                   f"checkpoints ({TRAIN_COMMAND})")
     if not (folder / UPSTREAM_HEAD_FILE).exists():
         raise MissingArtifactError(f"{folder} has a Hydra config.json but no {UPSTREAM_HEAD_FILE}; download the whole "
                                    f"checkpoint folder (e.g. huggingface-cli download ankner/hydra-vicuna-7b-v1.3)")
-    state = torch.load(folder / UPSTREAM_HEAD_FILE, map_location="cpu", weights_only=True)
+    num_layers = config["hydra_num_layers"]
     heads = HydraPrefixHeads(target.config, target.get_output_embeddings().weight.shape[0], config["hydra_num_heads"],
-                             config["hydra_num_layers"])
-    missing, _ = heads.load_state_dict(_from_upstream_keys(state), strict=False)
-    missing = [k for k in missing if not k.startswith("prefix.embed_tokens")]  # inputs come as features
-    if missing:
-        raise ValueError(f"{folder / UPSTREAM_HEAD_FILE} lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}: not a "
-                         f"Hydra++ checkpoint for this target")
+                             num_layers)
+    load_strictly(heads, read_tensors(folder / UPSTREAM_HEAD_FILE, UPSTREAM_FIX), folder / UPSTREAM_HEAD_FILE,
+                  UPSTREAM_FIX, file_key=lambda key: _from_upstream_keys(key, num_layers),
+                  provided={"prefix.embed_tokens.weight"}, dropped=lambda name: _dropped_upstream_key(name, num_layers))
     return heads
 
 
-def _from_upstream_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """zankner/Hydra's keys -> HydraPrefixHeads': `prefix_embeding_layer.*` (its token embedding dropped),
-    `hydra_mlp.{k}.1.*` (first block), `hydra_mlp.{k}.3.*` (the repeated block, also stored at 5, 7, ...),
-    `hydra_lm_head.{k}.1.*` (projection)."""
-    mapped = {}
-    for key, value in state.items():
-        if key.startswith("prefix_embeding_layer.") and ".embed_tokens." not in key:
-            mapped["prefix." + key.removeprefix("prefix_embeding_layer.")] = value
-        elif key.startswith("hydra_mlp."):
-            _, head, position, rest = key.split(".", 3)
-            if position == "1":
-                mapped[f"first.{head}.{rest}"] = value
-            elif position == "3":
-                mapped[f"repeated.{head}.{rest}"] = value
-        elif key.startswith("hydra_lm_head."):
-            _, head, _, rest = key.split(".", 3)
-            mapped[f"projections.{head}.{rest}"] = value
-    return mapped
+def _from_upstream_keys(key: str, num_layers: int) -> str:
+    """HydraPrefixHeads key -> zankner/Hydra's: `prefix.*` -> `prefix_embeding_layer.*`, `first.{k}.*` ->
+    `hydra_mlp.{k}.1.*`, `repeated.{k}.*` -> `hydra_mlp.{k}.{2 num_layers - 1}.*` (the shared block sits at 3, 5, ...;
+    upstream's load_state_dict leaves the last copy in it), `projections.{k}.*` -> `hydra_lm_head.{k}.1.*`."""
+    kind, rest = key.split(".", 1)
+    if kind == "prefix":
+        return f"prefix_embeding_layer.{rest}"
+    head, rest = rest.split(".", 1)
+    if kind == "projections":
+        return f"hydra_lm_head.{head}.1.{rest}"
+    return f"hydra_mlp.{head}.{1 if kind == 'first' else 2 * num_layers - 1}.{rest}"
+
+
+def _dropped_upstream_key(name: str, num_layers: int) -> bool:
+    """The prefix's token embedding (its inputs are features), earlier copies of the shared block, rotary buffers."""
+    block = re.fullmatch(r"hydra_mlp\.\d+\.(\d+)\.linear\.(weight|bias)", name)
+    return (name.startswith("prefix_embeding_layer.embed_tokens.") or name.endswith("rotary_emb.inv_freq")
+            or bool(block) and 3 <= int(block.group(1)) < 2 * num_layers - 1)
 
 
 class HydraDrafter(LastFeatureDrafter):

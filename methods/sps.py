@@ -4,7 +4,9 @@ The draft model autoregresses a chain of γ tokens with its own KV cache; the sh
 target forward and applies the shared acceptance rule (greedy match, or min(1, p/q) with residual resampling).
 A draft is either any Hugging Face causal LM (e.g. `double7/vicuna-68m` for Vicuna) or a few of the target's own
 layers distilled by `python -m bench.train method=sps`, stored without the embedding and LM head it shares with the
-target (`slice_target`, `save_draft`, `load_draft`).
+target (`slice_target`, `save_draft`, `load_draft`). Drafts load strictly: a tensor missing (which Hugging Face
+would silently initialise at random), unexpected or of the wrong shape, or a weights file that cannot be read, is
+refused in one line naming the draft and the fix.
 """
 from __future__ import annotations
 
@@ -13,14 +15,16 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from bench.engine import StepResult
 from bench.kvcache import new_cache
-from bench.models import MissingArtifactError, artifact_fingerprint, resolve_artifact_path
+from bench.models import InvalidArtifactError, MissingArtifactError, artifact_fingerprint, resolve_artifact_path
 from bench.sampling import SamplingConfig, logits_to_probs, sample
 from bench.tree import DraftTree
+from methods.heads import key_summary, load_strictly, read_tensors
 
 SHARED_FLAG = "specbench_shares_target_embeddings"  # config.json key: embedding and LM head come from the target
 
@@ -70,7 +74,8 @@ resolve_draft_path = resolve_artifact_path  # a local draft folder, or None for 
 
 
 def load_draft(path: str | Path, target, train_command: str = "python -m bench.train method=sps"):
-    """Load a draft on the target's device and dtype; reattach the target's embedding and LM head when shared."""
+    """Load a draft on the target's device and dtype, strictly; reattach the target's embedding and LM head when
+    shared."""
     local = resolve_draft_path(path)
     if local is not None and not (local / "config.json").exists():
         raise MissingArtifactError(f"SpS draft not found at {local}; make it with: {train_command}")
@@ -80,20 +85,47 @@ def load_draft(path: str | Path, target, train_command: str = "python -m bench.t
         if getattr(config, SHARED_FLAG, False):
             draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
             _attach_shared(draft, target)
-            state = load_file(local / "model.safetensors")
-            missing = set(_own_state(draft)) - set(state)
-            if missing:
-                raise MissingArtifactError(f"SpS draft {local} lacks {sorted(missing)[:3]}; remake it with: {train_command}")
-            draft.load_state_dict(state, strict=False)
+            shared = set(draft.state_dict()) - set(_own_state(draft))
+            fix, weights = f"remake it with: {train_command}", local / "model.safetensors"
+            load_strictly(draft, read_tensors(weights, fix), f"SpS draft {weights}", fix, provided=shared)
         else:
-            draft = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype)
+            draft = _pretrained_strictly(source, target.dtype, train_command)
     except OSError as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise MissingArtifactError(f"SpS draft '{source}' cannot be loaded ({reason}); download it to the HF cache "
                                    f"or set model.sps_draft to a local copy") from err
     if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft vocab {draft.config.vocab_size} != target vocab {target.config.vocab_size}")
+        raise InvalidArtifactError(f"SpS draft '{source}' has a vocabulary of {draft.config.vocab_size} tokens, the "
+                                   f"target {target.config.vocab_size}; set model.sps_draft to a draft with the "
+                                   f"target's tokenizer")
     return draft.to(target.device).eval()
+
+
+def _pretrained_strictly(source: str, dtype: torch.dtype, train_command: str):
+    """AutoModelForCausalLM.from_pretrained, refusing in one line what it would only log: missing tensors (it
+    initialises them at random), unexpected and mis-shaped ones; and an unreadable weights file."""
+    fix = (f"download the draft again (huggingface-cli download <hub id>), set model.sps_draft to a complete copy, "
+           f"or make one with: {train_command}")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its multi-line load report: the faults are reported below
+    try:
+        draft, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)
+    except OSError:  # not there or not downloadable: load_draft says how to get it
+        raise
+    except Exception as err:  # SafetensorError, zip / pickle errors of a truncated or corrupt file
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise InvalidArtifactError(f"SpS draft '{source}' has a weights file that cannot be read "
+                                   f"({type(err).__name__}: {reason}): truncated or corrupt; {fix}") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    faults = [(sorted(info["missing_keys"]), "missing"), (sorted(info["unexpected_keys"]), "unexpected"),
+              (sorted(f"{key} {list(got)} not {list(wanted)}" for key, got, wanted in info["mismatched_keys"]),
+               "of the wrong shape")]
+    faults = [key_summary(keys, what) for keys, what in faults if keys]
+    if faults:
+        raise InvalidArtifactError(f"SpS draft '{source}' does not fit its config: {'; '.join(faults)}; {fix}")
+    return draft
 
 
 class DraftModelDrafter:

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModel
 
 from bench.kvcache import new_cache
-from bench.models import MissingArtifactError
+from bench.models import InvalidArtifactError, MissingArtifactError
 from methods.heads import DraftVocabulary, save_heads
 from methods.hydra import HydraDrafter, HydraHeads, HydraPrefixHeads, load_hydra
 from methods.medusa import MedusaDrafter, MedusaHeads
@@ -164,7 +164,7 @@ def test_unsupported_hydra_architecture_is_refused(tiny_model, tmp_path):
     write_upstream_checkpoint(tiny_model, tmp_path / "ck")
     config = json.loads((tmp_path / "ck" / "config.json").read_text())
     (tmp_path / "ck" / "config.json").write_text(json.dumps({**config, "hydra_head_arch": "cross-attn"}))
-    with pytest.raises(ValueError, match="'cross-attn'.*not supported"):
+    with pytest.raises(InvalidArtifactError, match="'cross-attn'.*not supported"):
         load_hydra(tmp_path / "ck", tiny_model)
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
     (tmp_path / "ck" / "hydra_lm_head.pt").unlink()
