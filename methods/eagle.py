@@ -305,9 +305,9 @@ class EagleDrafter:
             size += k * k
         scores = torch.cat(pool_scores)
         keep = scores.sort(descending=True, stable=True).indices[: self.total_token - 1]  # ties: the older node
-        tokens, parents = (torch.stack([self.vocab.to_token_ids(torch.cat(pool_positions)[keep]),
-                                        torch.cat(pool_parents)[keep]]).tolist())  # the step's one host sync
-        index = {old: new for new, old in enumerate(keep.tolist())}
+        tokens, parents, kept = torch.stack([self.vocab.to_token_ids(torch.cat(pool_positions)[keep]),
+                                             torch.cat(pool_parents)[keep], keep]).tolist()  # the one host read
+        index = {old: new for new, old in enumerate(kept)}
         assert all(p < 0 or p in index for p in parents), "a child never outranks its parent"
         return DraftTree(tokens, [index[p] if p >= 0 else -1 for p in parents])
 
