@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from bench.costmodel import Profile, best_size
+from bench.engine import start_drafter
 from bench.timing import device_time
 from bench.tree import DraftTree
 
@@ -143,11 +144,8 @@ class AutoBudget:
     def warmup_steps(self) -> int:
         return self.planner.warmup_steps
 
-    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        if self.feature_layers:
-            self.inner.start(prompt_ids, hidden=hidden)
-        else:
-            self.inner.start(prompt_ids)
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None, seed: int | None = None) -> None:
+        start_drafter(self.inner, prompt_ids, hidden, seed)
 
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
         k, draft = self.planner.plan(len(context) - 1)  # cached tokens: all but the root
