@@ -150,6 +150,8 @@ class BatchedEngine:
                  planner: SpeculationPlanner | None = None, clock: Clock | None = None, event=None):
         self.model, self.drafter, self.sampling, self.planner = model, drafter, sampling, planner
         self.clock, self.event = clock, event  # the phase timer's (bench/engine.py PhaseTimer); tests inject fakes
+        if planner is not None:
+            planner.masked_steps = True  # a batched step always passes its 4-D mask: tree points of the profile
         self.device = model.device
         self._windows = attention_windows(model)
         self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
@@ -182,7 +184,8 @@ class BatchedEngine:
         if self.planner is None:
             return trees
         drafted = [t for t in trees if t is not None]
-        self.planner.drafted(device_time(self.device, self.clock) - start, drafted if k is None else [], len(trees), len(drafted))
+        self.planner.drafted(device_time(self.device, self.clock) - start, drafted if k is None else [], len(trees),
+                             len(drafted))
         if k is None or not drafted:
             return trees
         size = self.planner.cut(trees, context_len)

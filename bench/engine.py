@@ -171,6 +171,7 @@ class TurnOutput:
     tokens: list[int]
     accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
     verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
+    tree_steps: list[bool] = field(default_factory=list)  # per decode step: its forward took a tree mask
     phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
 
     @property
@@ -283,6 +284,7 @@ class SpeculativeEngine:
             root = acceptance.tokens[-1]
             context.extend(acceptance.tokens)
             out.verified_tokens.append(inputs["input_ids"].shape[1])
+            out.tree_steps.append("attention_mask" in inputs)  # the profile's tree point, not its chain point
             timer.lap("accept")
         out.phase_seconds = timer.seconds
         return out

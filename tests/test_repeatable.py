@@ -101,7 +101,8 @@ def test_question_order_does_not_change_sampled_tokens(compose, tiny_artifacts, 
     monkeypatch.setattr(bench.run, "load_questions", lambda task: load_questions(task)[::-1])
     run(compose(*settings, f"out_dir={tmp_path / 'reversed'}"))
     for name in ("answers.jsonl", "baseline.jsonl"):
-        forward, backward = tokens_by_question(tmp_path / "forward" / name), tokens_by_question(tmp_path / "reversed" / name)
+        forward = tokens_by_question(tmp_path / "forward" / name)
+        backward = tokens_by_question(tmp_path / "reversed" / name)
         assert list(backward) == list(forward)[::-1] and backward == forward
 
 
