@@ -3,7 +3,8 @@
 The steps are the batch-1 engine's (bench/engine.py), row by row:
   1. prefill each prompt on its own (batch-1 arithmetic: each row's first token is its batch-1 one) and stack the
      caches into one batch cache;
-  2. each row's own drafter (`fork_drafter`: a copy of the method's drafter) proposes a tree under its root;
+  2. each row's own drafter (`fork_drafter`: a copy of the method's drafter, started with its own row's drafter
+     seed, see bench/engine.py's Drafter) proposes a tree under its root;
   3. one target forward over [B, L] inputs (each row's root, nodes and aux nodes, padded to the longest row) with a
      4-D mask [B, 1, L, T + L] and each row's own positions;
   4. each row accepts its own path (one device-to-host copy for the whole batch: greedy decoding's argmax, or
@@ -34,7 +35,8 @@ from transformers import DynamicCache
 
 from bench.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
 from bench.budget import SpeculationPlanner, first_nodes
-from bench.engine import PhaseTimer, StepResult, StopCondition, TurnOutput, pick_token
+from bench.engine import (Clock, PhaseTimer, StepResult, StopCondition, TurnOutput, drafter_seed, pick_token,
+                          start_drafter)
 from bench.kvcache import additive_masks, attention_windows, host_to_device, new_cache
 from bench.sampling import SamplingConfig
 from bench.timing import device_time
@@ -52,7 +54,7 @@ class BatchOutput:
 
 def fork_drafter(drafter):
     """A drafter for one more sequence: a shallow copy that shares the weights, tables and datastores; a drafter's
-    per-sequence state is (re)assigned by its start(), so copies never share it."""
+    per-sequence state (its random generator included) is (re)assigned by its start(), so copies never share it."""
     return copy.copy(drafter)
 
 
@@ -158,8 +160,11 @@ class BatchedEngine:
     """Draft-then-verify decoding of several prompts at once with any Hugging Face causal LM (see module doc)."""
 
     def __init__(self, model, drafter=None, sampling: SamplingConfig = SamplingConfig(),
-                 planner: SpeculationPlanner | None = None):
+                 planner: SpeculationPlanner | None = None, clock: Clock | None = None, event=None):
         self.model, self.drafter, self.sampling, self.planner = model, drafter, sampling, planner
+        self.clock, self.event = clock, event  # the phase timer's (bench/engine.py PhaseTimer); tests inject fakes
+        if planner is not None:
+            planner.masked_steps = True  # a batched step always passes its 4-D mask: tree points of the profile
         self.device = model.device
         self._windows = attention_windows(model)
         self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
@@ -187,13 +192,14 @@ class BatchedEngine:
         k, draft = (None, True) if self.planner is None else self.planner.plan(context_len, len(drafters))
         if self.drafter is None or not draft:
             return [None] * len(drafters)
-        start = device_time(self.device)
+        start = device_time(self.device, self.clock)
         trees = [d.propose(c, b if k is None else min(b, k + 1)) for d, c, b in zip(drafters, contexts, budgets)]
         trees = [t if t is not None and (len(t) or t.aux_tokens) else None for t in trees]
         if self.planner is None:
             return trees
         drafted = [t for t in trees if t is not None]
-        self.planner.drafted(device_time(self.device) - start, drafted if k is None else [], len(trees), len(drafted))
+        self.planner.drafted(device_time(self.device, self.clock) - start, drafted if k is None else [], len(trees),
+                             len(drafted))
         if k is None or not drafted:
             return trees
         size = self.planner.cut(trees, context_len)
@@ -202,11 +208,10 @@ class BatchedEngine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], stop: StopCondition, seeds: list[int | None]) -> BatchOutput:
         """Decode every prompt until `stop`; row b's tokens are what batch-1 decoding of prompts[b] gives."""
-        began = device_time(self.device)
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, self.clock, self.event)
         generators = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
         outs = [TurnOutput(tokens=[], accept_lengths=[1]) for _ in prompts]
-        finish = [0.0] * len(prompts)
+        finish = [None] * len(prompts)  # per row: the timer's mark at its last token
         drafters = [fork_drafter(self.drafter) for _ in prompts] if self.drafter is not None else [None] * len(prompts)
         caches, roots, contexts, active = [], [], [], []
         for b, prompt in enumerate(prompts):  # 1. prefill, one prompt at a time
@@ -215,10 +220,10 @@ class BatchedEngine:
                                            logits_to_keep=1)
             roots.append(pick_token(logits[0, -1], self.sampling, generators[b]))
             if drafters[b] is not None:
-                drafters[b].start(list(prompt), **({"hidden": hidden[0]} if hidden is not None else {}))
+                start_drafter(drafters[b], prompt, None if hidden is None else hidden[0], drafter_seed(seeds[b]))
             contexts.append(list(prompt) + [roots[-1]])
             if stop.extend(outs[b].tokens, [roots[-1]]):
-                finish[b] = device_time(self.device) - began
+                finish[b] = timer.mark()
             else:
                 active.append(b)
         state = BatchCache([caches[b] for b in active], self.device) if active else None
@@ -248,7 +253,7 @@ class BatchedEngine:
                 roots[b] = acceptance.tokens[-1]
                 contexts[b].extend(acceptance.tokens)
                 if done:
-                    finish[b] = device_time(self.device) - began
+                    finish[b] = timer.mark()
                 else:
                     staying.append(i)
             if len(staying) < len(active) and staying:
@@ -257,4 +262,4 @@ class BatchedEngine:
                 state.compact(list(range(len(active))))
             active = [active[i] for i in staying]
             timer.lap("accept")
-        return BatchOutput(outs, finish, timer.seconds)
+        return BatchOutput(outs, [timer.since_start(mark) for mark in finish], timer.seconds)

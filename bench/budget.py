@@ -3,7 +3,9 @@
 `AutoBudget` wraps any drafter. Each step it verifies only the first k nodes of the drafter's tree (parents come
 before children, so the first k nodes are a tree and its accepted path is the full tree's, cut), with k chosen to
 maximise predicted tokens/s: (1 + sum of the acceptance rates of nodes 0..k-1) / (t(1 + k + aux) + drafting time),
-t from the target's profile at the current context length, the rates counted over this run's verified nodes.
+t from the target's profile at the current context length (its tree points when the drafter's trees are not
+chains, or when every step passes a tree mask, as batched ones do), the rates counted over this run's verified
+nodes.
 When no k beats plain decoding (1 / t(1)), it stops calling the drafter at all until a probe. Chain drafters are
 asked for k tokens only (the engine's `budget` argument), so SpS stops paying for drafts it would cut.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from bench.costmodel import Profile, best_size
+from bench.engine import start_drafter
 from bench.timing import device_time
 from bench.tree import DraftTree
 
@@ -40,8 +43,10 @@ class SpeculationPlanner:
     wrapper `AutoBudget` and the batched engine's `batch_policy=adaptive` (bench/batched.py) both ask it."""
 
     def __init__(self, profile: Profile, probe_share: float = 0.03, warmup_steps: int = 4,
-                 prior: tuple[float, float] = (0.1, 1.0)):
+                 prior: tuple[float, float] = (0.1, 1.0), masked_steps: bool = False):
         self.profile, self.probe_share, self.warmup_steps, self.prior = profile, probe_share, warmup_steps, prior
+        self.masked_steps = masked_steps  # every step's forward takes a tree mask (the batched engine's do)
+        self.trees_drafted = False  # the drafter's last full tree was not a chain: its steps take a tree mask
         self.hits: list[float] = []  # per node index: times it was verified and accepted
         self.tries: list[float] = []  # per node index: times it was verified
         self.draft_seconds = 0.0  # mean drafting time of the steps that drafted
@@ -67,13 +72,12 @@ class SpeculationPlanner:
         if rows > 1:
             share = (self.trees + 1) / (self.proposals + 1)
             probs = [q * share for q in probs]
-        k, rate = best_size(probs, context_len, self.profile, self.aux, self.draft_seconds)
-        plain = self.profile.forward_seconds(1, context_len)
+        k, rate = best_size(probs, context_len, self.profile, self.aux, self.draft_seconds, self._tree)
+        plain = self.profile.forward_seconds(1, context_len, self.masked_steps)
         draft = k > 0 and rate * plain > 1.0  # beats a plain step
-        step_seconds = self.profile.forward_seconds(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
+        step_seconds = self._forward(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
         self.probe_credit += self.probe_share * step_seconds
-        probe_cost = (self.draft_seconds + self.profile.forward_seconds(1 + self.full_size + self.aux, context_len)
-                      - step_seconds)
+        probe_cost = self.draft_seconds + self._forward(1 + self.full_size + self.aux, context_len) - step_seconds
         self.steps += 1
         if self.steps <= self.warmup_steps or self.probe_credit >= probe_cost:
             if self.steps > self.warmup_steps:
@@ -81,6 +85,14 @@ class SpeculationPlanner:
             k, draft = None, True  # a probe: the whole tree
         self.plans.append(k if draft else -1)
         return k, draft
+
+    @property
+    def _tree(self) -> bool:
+        return self.masked_steps or self.trees_drafted
+
+    def _forward(self, length: int, context_len: int) -> float:
+        """t(length, context) of a drafted step: a tree point when its forward takes a tree mask."""
+        return self.profile.forward_seconds(length, context_len, self._tree)
 
     def cut(self, trees: list[DraftTree | None], context_len: int) -> int:
         """Batched, after drafting: k such that verifying the first k nodes of every row's tree maximises this step's
@@ -91,11 +103,11 @@ class SpeculationPlanner:
         cumulative = [0.0]
         for q in self._probs(max(sizes)):
             cumulative.append(cumulative[-1] + q)
-        rows, best, best_rate = len(trees), 0, len(trees) / (self.profile.forward_seconds(1, context_len) +
-                                                            self.draft_seconds)
+        plain = self.profile.forward_seconds(1, context_len, self.masked_steps)
+        rows, best, best_rate = len(trees), 0, len(trees) / (plain + self.draft_seconds)
         for k in range(1, max(sizes) + 1):
             gain = sum(cumulative[min(k, size)] for size in sizes)
-            rate = (rows + gain) / (self.profile.forward_seconds(1 + k + aux, context_len) + self.draft_seconds)
+            rate = (rows + gain) / (self._forward(1 + k + aux, context_len) + self.draft_seconds)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
@@ -109,6 +121,7 @@ class SpeculationPlanner:
         self.draft_seconds += (seconds - self.draft_seconds) / self.drafted_steps
         for tree in full_trees:
             self.full_size, self.aux = max(self.full_size, len(tree)), len(tree.aux_tokens)
+            self.trees_drafted = not tree.is_chain
 
     def observe(self, tree: DraftTree | None, accepted_rows: list[int]) -> None:
         """Count which nodes of a verified tree were accepted (rows: the kept path's input rows, root first)."""
@@ -129,8 +142,8 @@ class AutoBudget:
     """A drafter that verifies as much of another drafter's tree as the cost model says pays (see module doc)."""
 
     def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
-                 warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0)):
-        self.inner, self.device = drafter, device
+                 warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0), clock=None):
+        self.inner, self.device, self.clock = drafter, device, clock  # clock: for drafting seconds (tests fake it)
         self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior)
         self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
         self.artifact = getattr(drafter, "artifact", None)
@@ -143,19 +156,17 @@ class AutoBudget:
     def warmup_steps(self) -> int:
         return self.planner.warmup_steps
 
-    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        if self.feature_layers:
-            self.inner.start(prompt_ids, hidden=hidden)
-        else:
-            self.inner.start(prompt_ids)
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None, seed: int | None = None) -> None:
+        start_drafter(self.inner, prompt_ids, hidden, seed)
 
     def propose(self, context: list[int], budget: int) -> DraftTree | None:
         k, draft = self.planner.plan(len(context) - 1)  # cached tokens: all but the root
         if not draft:
             return None
-        start = device_time(self.device)
+        start = device_time(self.device, self.clock)
         tree = self.inner.propose(context, budget if k is None else min(budget, k + 1))
-        self.planner.drafted(device_time(self.device) - start, [tree] if k is None and tree is not None else [])
+        seconds = device_time(self.device, self.clock) - start
+        self.planner.drafted(seconds, [tree] if k is None and tree is not None else [])
         if tree is None or k is None:
             return tree
         return first_nodes(tree, k)

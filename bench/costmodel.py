@@ -3,10 +3,13 @@
 - A `Profile` holds t(L, c): the median seconds of one target forward over L new tokens after a cached context of c
   tokens, measured by `python -m bench.profile` on one setting (model, device, dtype, threads, library versions)
   and refused for any other. `forward_seconds` interpolates linearly between the measured L and c (clamped outside).
+  Each point is measured twice: as a chain (`seconds`: the model's own causal mask, what chain and one-token steps
+  pass) and as a tree step (`tree_seconds`: a tree-shaped 4-D additive mask, what tree steps and every batched step
+  pass, so the mask's cost is in it). Profiles made before tree points existed have only `seconds`, used for both.
 - `predicted_seconds(record, profile)` / `predicted_speedup(records, profile)`: what a run's own steps should have
-  cost on that profile. Each decode
-  step costs t(L_s, c_s) for the L_s tokens it verified at its context length c_s, plus the drafting time the run
-  measured; vanilla would have paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
+  cost on that profile. Each decode step costs t(L_s, c_s) for the L_s tokens it verified at its context length c_s
+  (a tree point where the step passed a tree mask), plus the drafting time the run measured; vanilla would have
+  paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
   out (acceptance, cache compaction, mask building, Python) is the gap between predicted and measured speedup.
 - `best_size`: the number of draft nodes that maximises predicted tokens/s given per-node acceptance estimates
   (bench/budget.py's `budget=auto`).
@@ -23,8 +26,12 @@ import numpy as np
 import torch
 import transformers
 
-from bench.kvcache import new_cache
+from bench.kvcache import attention_windows, new_cache, tree_attention_mask
 from bench.timing import device_time
+from bench.tree import DraftTree
+
+POINT_KINDS = {"seconds": "chain: the model's own causal mask",
+               "tree_seconds": "tree: a tree-shaped 4-D additive mask (bench/kvcache.py tree_attention_mask)"}
 
 
 class ProfileError(Exception):
@@ -62,7 +69,8 @@ def profile_path(directory: str | Path, setting: dict) -> Path:
 
 @dataclass
 class Profile:
-    """t(L, c) on one setting: seconds[i][j] for contexts[i] and lengths[j]."""
+    """t(L, c) on one setting: seconds[i][j] for contexts[i] and lengths[j], chains; tree_seconds alike, tree steps
+    (None in profiles made before tree points existed); point_kinds says in the JSON which table is which."""
 
     setting: dict
     lengths: list[int]
@@ -70,10 +78,14 @@ class Profile:
     seconds: list[list[float]]
     repeats: int = 0
     measured: str = ""
+    tree_seconds: list[list[float]] | None = None
+    point_kinds: dict | None = None
 
-    def forward_seconds(self, length: float, context: float) -> float:
-        """t(L, c), bilinear between the measured sizes and contexts, clamped to the measured range."""
-        per_context = [np.interp(length, self.lengths, row) for row in self.seconds]
+    def forward_seconds(self, length: float, context: float, tree: bool = False) -> float:
+        """t(L, c) of a chain step (or, with `tree`, of a step with a tree mask), bilinear between the measured sizes
+        and contexts, clamped to the measured range."""
+        table = self.tree_seconds if tree and self.tree_seconds is not None else self.seconds
+        per_context = [np.interp(length, self.lengths, row) for row in table]
         return float(np.interp(context, self.contexts, per_context))
 
     def relative(self, context: int | None = None) -> list[float]:
@@ -110,13 +122,27 @@ def profile_command(model_name: str, device: torch.device, threads: int | None, 
     return " ".join(parts)
 
 
+def tree_step_inputs(model, length: int, context: int, batch: int) -> dict:
+    """position_ids and the additive 4-D mask of a tree step over `length` inputs (the root and a binary tree of
+    length - 1 nodes under it) after `context` cached tokens, for `batch` rows alike, as the engines build them."""
+    tree = DraftTree([0] * (length - 1), [i // 2 - 1 for i in range(length - 1)])
+    offsets = tree.position_offsets.to(model.device)
+    mask = tree_attention_mask(tree.local_mask, offsets, context, attention_windows(model), model.dtype)
+    rows = lambda m: m.expand(batch, -1, -1, -1)  # noqa: E731
+    return {"position_ids": (offsets + context).expand(batch, -1),
+            "attention_mask": {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)}
+
+
 @torch.inference_mode()
-def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5,
-                          progress=None, batch: int = 1) -> list[list[float]]:
-    """Median seconds of a forward over L new tokens (all logits, as a verification step computes them) after a
-    cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch` sequences at once.
-    Repeats go round-robin over all the points (after one untimed round), so that a machine whose speed drifts moves
-    every point alike."""
+def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5, progress=None,
+                          batch: int = 1, kinds: tuple[str, ...] = ("chain", "tree"),
+                          clock=None) -> dict[str, list[list[float]]]:
+    """{kind: table}: median seconds of a forward over L new tokens (all logits, as a verification step computes
+    them) after a cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch`
+    sequences at once; "chain" with the model's own causal mask, "tree" with a tree-shaped 4-D mask
+    (`tree_step_inputs`). Repeats go round-robin over all the points of every kind (after one untimed round), so
+    that a machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read
+    once the device is done: bench/timing.py device_time), replaced in tests."""
     device = model.device
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
@@ -125,19 +151,22 @@ def measure_forward_times(model, lengths: list[int], contexts: list[int], repeat
         ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(device))
         caches.append(new_cache())
         model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
-    times = [[[] for _ in lengths] for _ in contexts]
+    extra = {kind: [[tree_step_inputs(model, n, c, batch) if kind == "tree" else {} for n in lengths]
+                    for c in contexts] for kind in kinds}
+    times = {kind: [[[] for _ in lengths] for _ in contexts] for kind in kinds}
     for repeat in range(repeats + 1):
-        for i, context in enumerate(contexts):
-            for j, length in enumerate(lengths):
-                start = device_time(device)
-                model(input_ids=ids[i][:, context : context + length], cache=caches[i])
-                elapsed = device_time(device) - start
-                caches[i].crop(-length)
-                if repeat:
-                    times[i][j].append(elapsed)
+        for kind in kinds:
+            for i, context in enumerate(contexts):
+                for j, length in enumerate(lengths):
+                    start = device_time(device, clock)
+                    model(input_ids=ids[i][:, context : context + length], cache=caches[i], **extra[kind][i][j])
+                    elapsed = device_time(device, clock) - start
+                    caches[i].crop(-length)
+                    if repeat:
+                        times[kind][i][j].append(elapsed)
         if progress is not None and repeat:
             progress.update(1)
-    return [[statistics.median(point) for point in row] for row in times]
+    return {kind: [[statistics.median(point) for point in row] for row in table] for kind, table in times.items()}
 
 
 # --- predictions from a run's records ----------------------------------------------------------------------------
@@ -154,8 +183,9 @@ def turn_contexts(prompt_tokens: int, accept_lengths: list[int]) -> list[int]:
 
 def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | None:
     """(method seconds, vanilla seconds) that the profile predicts for a record's turns, or None when the record
-    lacks step data (older runs). Method: measured prefill + measured drafting + sum of t(L_s, c_s). Vanilla: the
-    same prefill + t(1, c) for every token after the first."""
+    lacks step data (older runs). Method: measured prefill + measured drafting + sum of t(L_s, c_s), a tree point
+    for the steps `tree_steps` marks (records without it: chains). Vanilla: the same prefill + t(1, c) for every
+    token after the first."""
     choice = record["choices"][0]
     if "verified_tokens" not in choice or "prompt_tokens" not in choice:
         return None
@@ -166,8 +196,10 @@ def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | N
         start += steps
         phases = choice["phase_times"][turn]
         prompt, new_tokens = choice["prompt_tokens"][turn], choice["new_tokens"][turn]
-        verified = zip(choice["verified_tokens"][turn], turn_contexts(prompt, accepts))
-        method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(n, c) for n, c in verified)
+        verified = choice["verified_tokens"][turn]
+        trees = choice["tree_steps"][turn] if "tree_steps" in choice else [False] * len(verified)
+        steps = zip(verified, turn_contexts(prompt, accepts), trees)
+        method += phases["prefill"] + phases["draft"] + sum(profile.forward_seconds(n, c, t) for n, c, t in steps)
         vanilla += phases["prefill"] + sum(profile.forward_seconds(1, prompt + j) for j in range(new_tokens - 1))
     return method, vanilla
 
@@ -187,15 +219,15 @@ def predicted_speedup(records: list[dict], profile: Profile) -> float:
 
 
 def best_size(accept_probs: list[float], context: int, profile: Profile, aux: int = 0,
-              draft_seconds: float = 0.0) -> tuple[int, float]:
+              draft_seconds: float = 0.0, tree: bool = False) -> tuple[int, float]:
     """(k, predicted tokens/s) for verifying the first k draft nodes: each step gives 1 + sum(accept_probs[:k])
     tokens (node i accepted with probability accept_probs[i]; parents come first, so the kept nodes' accepted path
-    is the full tree's, cut) and costs t(1 + k + aux, context) + draft_seconds."""
+    is the full tree's, cut) and costs t(1 + k + aux, context) + draft_seconds (tree points with `tree`)."""
     best, best_rate, expected = 0, 0.0, 1.0
     for k in range(len(accept_probs) + 1):
         if k:
             expected += accept_probs[k - 1]
-        rate = expected / (profile.forward_seconds(1 + k + aux, context) + draft_seconds)
+        rate = expected / (profile.forward_seconds(1 + k + aux, context, tree) + draft_seconds)
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate

@@ -51,7 +51,8 @@ class QuestionDecoder:
             turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps,
                           "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings),
                           "phase_times": {k: round(v, 6) for k, v in out.phase_seconds.items()},
-                          "verified_tokens": out.verified_tokens, "prompt_tokens": len(prompt)})
+                          "verified_tokens": out.verified_tokens, "tree_steps": out.tree_steps,
+                          "prompt_tokens": len(prompt)})
         return turns
 
     def _repeated(self, prompt: list[int], seed: int, where: str):

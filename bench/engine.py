@@ -7,12 +7,18 @@ Step by step (gpt-fast's shape, generalised to trees):
   4. the acceptance rule picks the longest valid path and the bonus token after it;
   5. the KV cache keeps the past, the root and the accepted nodes; the bonus token becomes the next root.
 
-Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, draft, verify, accept; on CUDA the
-device is synchronised at each boundary) and how many tokens each verification forward carried
-(`TurnOutput.verified_tokens`), which the cost model (bench/costmodel.py) turns into a predicted speedup.
+Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, draft, verify, accept; on CUDA from
+events recorded at each boundary and read after the turn, see PhaseTimer) and how many tokens each verification
+forward carried (`TurnOutput.verified_tokens`), which the cost model (bench/costmodel.py) turns into a predicted
+speedup.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,7 +28,6 @@ from transformers import DynamicCache
 from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
 from bench.kvcache import attention_windows, host_to_device, new_cache, tree_attention_mask
 from bench.sampling import SamplingConfig, logits_to_probs, sample
-from bench.timing import device_time
 from bench.tree import DraftTree
 
 
@@ -44,6 +49,12 @@ class Drafter(Protocol):
     then hands it the target's features, concatenated over those layers, on the device and without a second
     forward: `start(prompt_ids, hidden=[P, F])` for the prompt and `StepResult.hidden` for each verified step.
     Drafters without `feature_layers` get neither and cost nothing extra.
+
+    A drafter that draws random numbers (SpS, EAGLE under sampling) takes a `seed` keyword in start(): the engine
+    passes `drafter_seed(turn seed)`, a value derived from the seed the turn is decoded with and apart from the
+    engine's own acceptance stream, or None when the turn has no seed. The drafter seeds its own generator with it at
+    every start(), so a turn's drafts depend on that turn's seed alone: the same seed gives the same tokens on a
+    repeat, in any question order, and in every row of a batch (each row gets its own row's seed).
     """
 
     def start(self, prompt_ids: list[int]) -> None: ...
@@ -80,19 +91,79 @@ class StopCondition:
 PHASES = ("prefill", "draft", "verify", "accept")
 
 
-class PhaseTimer:
-    """Seconds per phase of a turn: `lap(phase)` charges the time since the previous lap to `phase`. On CUDA each
-    lap synchronises the device, so a phase is charged for the GPU work it launched."""
+Clock = Callable[[], float]  # seconds, from any fixed origin
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self._last = device_time(device)
+
+def drafter_seed(seed: int | None) -> int | None:
+    """The seed of a drafter's own random stream in a turn decoded with `seed` (None: none): a hash of it, so that
+    the drafter's draws are apart from the engine's acceptance stream (seeded with `seed` itself) and from every
+    other turn's."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"drafter stream {seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2**63: any torch or numpy generator takes it
+
+
+def start_drafter(drafter, prompt_ids: list[int], hidden: torch.Tensor | None, seed: int | None) -> None:
+    """drafter.start() with what the Drafter contract gives it: features when it has `feature_layers` (`hidden` not
+    None), and `seed` (already a drafter seed) when its start() takes one."""
+    extra = {} if hidden is None else {"hidden": hidden}
+    if "seed" in inspect.signature(drafter.start).parameters:
+        extra["seed"] = seed
+    drafter.start(list(prompt_ids), **extra)
+
+
+class PhaseTimer:
+    """Seconds per phase of a turn: `lap(phase)` charges the time since the previous lap to `phase`; `seconds`
+    (read once the turn is over) sums them.
+
+    On CUDA (or with `event` given) each lap records an event on the current stream, `event()` returning an object
+    like torch.cuda.Event(enable_timing=True): record(), synchronize(), elapsed_time(other) in ms. Nothing waits for
+    the device during the turn; `seconds` waits for the last event once and reads the gaps, so a phase is charged
+    for the device time between its boundaries. Elsewhere each lap reads `clock` (default time.perf_counter), which
+    tests replace with a fake clock. `mark()` and `since_start(mark)` time other moments of the turn the same way."""
+
+    def __init__(self, device: torch.device, clock: Clock | None = None, event: Callable | None = None):
+        if event is None and clock is None and device.type == "cuda":
+            event = functools.partial(torch.cuda.Event, enable_timing=True)
+        self.clock, self.event = clock or time.perf_counter, event
+        self._laps: list[tuple[str, object]] = []
+        self._latest = self._start = self.mark()
+
+    def mark(self):
+        """A stamp of now: a clock reading, or a recorded event."""
+        if self.event is None:
+            stamp = self.clock()
+        else:
+            stamp = self.event()
+            stamp.record()
+        self._latest = stamp
+        return stamp
 
     def lap(self, phase: str) -> None:
-        now = device_time(self.device)
-        self.seconds[phase] += now - self._last
-        self._last = now
+        self._laps.append((phase, self.mark()))
+
+    def _between(self, begin, end) -> float:
+        return end - begin if self.event is None else begin.elapsed_time(end) / 1e3
+
+    def _wait(self) -> None:
+        if self.event is not None:
+            self._latest.synchronize()
+
+    def since_start(self, stamp) -> float:
+        """Seconds from the timer's start to `stamp` (call after the turn)."""
+        self._wait()
+        return self._between(self._start, stamp)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """PHASES -> seconds charged so far (call after the turn: on CUDA it waits for the device)."""
+        self._wait()
+        seconds, last = dict.fromkeys(PHASES, 0.0), self._start
+        for phase, stamp in self._laps:
+            seconds[phase] += self._between(last, stamp)
+            last = stamp
+        return seconds
 
 
 @dataclass
@@ -100,6 +171,7 @@ class TurnOutput:
     tokens: list[int]
     accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
     verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
+    tree_steps: list[bool] = field(default_factory=list)  # per decode step: its forward took a tree mask
     phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
 
     @property
@@ -143,10 +215,12 @@ class NoDrafter:
 class SpeculativeEngine:
     """Runs draft-then-verify decoding of one prompt with any Hugging Face causal LM."""
 
-    def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig()):
+    def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig(),
+                 clock: Clock | None = None, event: Callable | None = None):
         self.model = model
         self.drafter = drafter or NoDrafter()
         self.sampling = sampling
+        self.clock, self.event = clock, event  # the phase timer's (PhaseTimer); tests inject fakes
         self.device = model.device
         self._windows = attention_windows(model)  # refuses models whose cache cannot be cut back
         self.feature_layers = tuple(getattr(self.drafter, "feature_layers", ()))
@@ -184,17 +258,14 @@ class SpeculativeEngine:
     def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
         """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, self.clock, self.event)
         cache = new_cache()
         prompt = torch.tensor([prompt_ids], device=self.device)
         logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
         root = self._pick(logits[-1], generator)
         out = TurnOutput(tokens=[], accept_lengths=[1])
         done = stop.extend(out.tokens, [root])
-        if hidden is None:
-            self.drafter.start(list(prompt_ids))
-        else:
-            self.drafter.start(list(prompt_ids), hidden=hidden)
+        start_drafter(self.drafter, prompt_ids, hidden, drafter_seed(seed))
         context = list(prompt_ids) + [root]
         timer.lap("prefill")
         while not done:
@@ -215,6 +286,7 @@ class SpeculativeEngine:
             root = acceptance.tokens[-1]
             context.extend(acceptance.tokens)
             out.verified_tokens.append(inputs["input_ids"].shape[1])
+            out.tree_steps.append("attention_mask" in inputs)  # the profile's tree point, not its chain point
             timer.lap("accept")
         out.phase_seconds = timer.seconds
         return out

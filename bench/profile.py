@@ -3,7 +3,9 @@ forward time t(L, c).
 
 Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens, for
 gen.batch_size sequences at once (median of profile.repeats), on the device, dtype and torch threads a run would
-use, and stores it as JSON in profile.dir keyed by that setting (bench/costmodel.py). Runs read it for their
+use, both as a chain (the model's own causal mask) and as a tree step (a tree-shaped 4-D mask), and stores it as
+JSON in profile.dir keyed by that setting (bench/costmodel.py: `seconds` and `tree_seconds`, named in
+`point_kinds`). Runs read it for their
 predicted speedup; `method.budget=auto` and `method.batch_policy=adaptive` make it when missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bench.costmodel import Profile, ProfileError, measure_forward_times, profile_command, profile_path, profile_setting
+from bench.costmodel import (POINT_KINDS, Profile, ProfileError, measure_forward_times, profile_command, profile_path,
+                             profile_setting)
 from bench.models import context_window, load_model, resolve_device
 
 
@@ -43,7 +46,8 @@ def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
     with tqdm(total=cfg.profile.repeats, desc=f"profiling {cfg.model.name}", unit="round", dynamic_ncols=True) as bar:
         seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar,
                                         batch=batch_size(cfg))
-    profile = Profile(setting, lengths, contexts, seconds, cfg.profile.repeats, time.strftime("%Y-%m-%dT%H:%M:%S"))
+    profile = Profile(setting, lengths, contexts, seconds["chain"], cfg.profile.repeats,
+                      time.strftime("%Y-%m-%dT%H:%M:%S"), seconds["tree"], POINT_KINDS)
     profile.save(profile_path(cfg.profile.dir, setting))
     return profile
 
@@ -80,11 +84,14 @@ def main(argv: list[str] | None = None) -> None:
 def print_profile(profile: Profile) -> None:
     setting = profile.setting
     batch = f"batch {setting['batch']}, " if "batch" in setting else ""
-    print(f"t(L) in ms ({batch}{setting['model']}, {setting['device_name']}, {setting['dtype']}, "
-          f"threads {setting['threads']}):")
-    print("context " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
-    for context, row in zip(profile.contexts, profile.seconds):
-        print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))
+    print(f"t(L) in ms per context, chains and tree steps ({batch}{setting['model']}, {setting['device_name']}, "
+          f"{setting['dtype']}, threads {setting['threads']}):")
+    tables = {"chain": profile.seconds, "tree": profile.tree_seconds}
+    for kind, table in tables.items():
+        if table is not None:
+            print(f"{kind:<7} " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
+            for context, row in zip(profile.contexts, table):
+                print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))
     print("t(L)/t(1) at the shortest context: " + " ".join(f"{r:.2f}" for r in profile.relative()))
 
 

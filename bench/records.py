@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
-# Also beyond it, for the cost model: seconds per engine phase, tokens per verification forward, prompt length;
-# for batched runs (gen.batch_size > 1): seconds until the row's last token, rows decoded together
-STEP_KEYS = ("phase_times", "verified_tokens", "prompt_tokens", "latency", "batch_rows")
+# Also beyond it, for the cost model: seconds per engine phase, tokens per verification forward, whether it took a
+# tree mask, prompt length; for batched runs (gen.batch_size > 1): seconds until the row's last token, rows decoded
+# together
+STEP_KEYS = ("phase_times", "verified_tokens", "tree_steps", "prompt_tokens", "latency", "batch_rows")
 
 
 def config_key(**parts) -> str:

@@ -207,7 +207,7 @@ class EagleDrafter:
         self.head, self.vocab, self.artifact = heads_or_checkpoint(head, vocab, checkpoint, target, load_eagle)
         self.embed = target.get_input_embeddings()
         self.sampling = sampling or SamplingConfig()
-        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.fallback_seed, self.generator = seed, None  # start() seeds the generator for each turn
         choices = resolve_choices(choices)
         if choices is not None:  # EAGLE-1: children per node from the choices list, by path
             paths = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
@@ -224,7 +224,11 @@ class EagleDrafter:
 
     # --- the head's view of the accepted context ---------------------------------------------------------------
 
-    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None, seed: int | None = None) -> None:
+        """Per turn: an empty head cache, the prompt's features pending, and the draws (sampling only) from `seed`
+        (the engine's drafter seed), or, when the turn has none, from the constructor's `seed`."""
+        seed = self.fallback_seed if seed is None else seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
         self.cache = new_cache()  # plain layers: the tree rows can be cropped off again
         self.context_len = 0  # cache length before the last drafted tree (update may come before any proposal)
         self.pending = hidden  # [m, H] target features not yet fed to the head (positions cache_len .. +m-1)

@@ -146,12 +146,16 @@ class DraftModelDrafter:
         self.initial_draft_tokens = self.num_draft_tokens = num_draft_tokens
         self.adaptive = adaptive
         self.sampling = sampling or SamplingConfig()
-        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.fallback_seed, self.generator = seed, None  # start() seeds the generator for each turn
         self.cache: DynamicCache | None = None
         self._base = 0  # len(context) at the last proposal: the cache length to keep before accepted drafts
 
     @torch.inference_mode()
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], seed: int | None = None) -> None:
+        """A fresh draft cache and γ; the draws come from `seed` (the engine's drafter seed for this turn), or, when
+        the turn has none, from the constructor's `seed` (None: torch's global generator)."""
+        seed = self.fallback_seed if seed is None else seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
         self.num_draft_tokens = self.initial_draft_tokens
         self.cache = new_cache()
         self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal

@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import time
 
 import pandas as pd
 import pytest
 import torch
 
 from bench.budget import AutoBudget, first_nodes
-from bench.costmodel import (Profile, ProfileError, best_size, measure_forward_times, predicted_speedup,
-                             profile_path, turn_contexts)
+from bench.costmodel import (Profile, ProfileError, best_size, measure_forward_times, predicted_seconds,
+                             predicted_speedup, profile_path, turn_contexts)
 from bench.engine import PHASES, SpeculativeEngine, StopCondition
 from bench.records import read_jsonl
-from bench.run import run
-from bench.timing import timed
+from bench.run import PROJECT_ROOT, run
 from bench.tree import DraftTree
 from methods.medusa import MedusaDrafter, MedusaHeads
 from methods.pld import PromptLookupDrafter
@@ -25,7 +23,9 @@ from tests.conftest import VOCAB, vanilla_tokens
 
 SETTING = {"model": "tiny", "path": "x", "gguf_file": None, "dtype": "float64", "attn_implementation": None,
            "device": "cpu", "device_name": "test cpu", "threads": 2, "torch": "2.13.0", "transformers": "5.24.0"}
-BASE, PER_TOKEN = 0.02, 0.005  # the fake model's forward sleeps BASE + PER_TOKEN x L seconds (>> its compute)
+BASE, PER_TOKEN = 0.02, 0.005  # the fake model's forward takes BASE + PER_TOKEN x L seconds on the fake clock
+TREE_MASK = 0.003  # and TREE_MASK more when it is given a 4-D (tree) mask
+DRAFT = 0.001  # NoisyOracle's proposals take this long on the fake clock
 
 
 def linear_profile(base: float = BASE, per_token: float = PER_TOKEN) -> Profile:
@@ -68,12 +68,27 @@ def test_turn_contexts_follow_the_accepted_tokens():
     assert turn_contexts(10, [1, 3, 1, 2]) == [10, 13, 14]  # the root of each step is not cached yet
 
 
-def slowed(model, base: float = BASE, per_token: float = PER_TOKEN):
-    """The model with a forward that also sleeps base + per_token x L seconds (L: input tokens)."""
+class FakeClock:
+    """Seconds that pass only when something says they do: the fake model's forwards, the fake drafter."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def slowed(model, clock: FakeClock, base: float = BASE, per_token: float = PER_TOKEN):
+    """The model with a forward that also advances `clock` by base + per_token x L seconds (L: input tokens), plus
+    TREE_MASK when it gets a 4-D attention mask."""
     forward = model.forward
 
     def slow_forward(*args, **kwargs):
-        time.sleep(base + per_token * kwargs["input_ids"].shape[1])
+        mask = kwargs.get("attention_mask")
+        clock.advance(base + per_token * kwargs["input_ids"].shape[1] + (TREE_MASK if mask is not None else 0.0))
         return forward(*args, **kwargs)
 
     model.forward = slow_forward
@@ -81,24 +96,33 @@ def slowed(model, base: float = BASE, per_token: float = PER_TOKEN):
 
 
 @pytest.fixture
-def slow_model():
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def slow_model(clock):
     from tests.conftest import make_tiny_model
 
-    return slowed(make_tiny_model(seed=4))
+    return slowed(make_tiny_model(seed=4), clock)
 
 
 class NoisyOracle:
     """Proposes a chain whose i-th token is vanilla's with probability q[i] (q: one number for every position),
     stopping at the first miss (a wrong token there): node i is accepted with probability q[0] x ... x q[i]."""
 
-    def __init__(self, continuations: dict[tuple, list[int]], width: int, q, seed: int = 0):
+    def __init__(self, continuations: dict[tuple, list[int]], width: int, q, seed: int = 0,
+                 clock: FakeClock | None = None):
         self.continuations, self.width, self.rng = continuations, width, random.Random(seed)
         self.q = q if isinstance(q, list) else [q] * width
+        self.clock = clock  # advanced by DRAFT per proposal
 
     def start(self, prompt_ids):
         self.prompt = tuple(prompt_ids)
 
     def propose(self, context, budget):
+        if self.clock is not None:
+            self.clock.advance(DRAFT)
         truth = self.continuations[self.prompt][len(context) - len(self.prompt):]
         chain = []
         for i, token in enumerate(truth[: min(self.width, budget - 1)]):
@@ -116,41 +140,73 @@ class NoisyOracle:
 def turn_record(out, wall: float, prompt: list[int]) -> dict:
     return {"choices": [{"decoding_steps": [out.steps], "accept_lengths": out.accept_lengths,
                          "new_tokens": [len(out.tokens)], "wall_time": [wall], "phase_times": [out.phase_seconds],
-                         "verified_tokens": [out.verified_tokens], "prompt_tokens": [len(prompt)]}]}
+                         "verified_tokens": [out.verified_tokens], "tree_steps": [out.tree_steps],
+                         "prompt_tokens": [len(prompt)]}]}
 
 
-def test_phase_times_add_up_and_the_profile_predicts_the_measured_speedup(slow_model, prompts):
-    """On a model whose forward costs BASE + PER_TOKEN x L, the measured profile is that function, every turn's phase
-    times add up to its wall time, and the speedup predicted from the run's own steps is the measured one."""
+def test_phase_times_add_up_and_the_profile_predicts_the_measured_speedup(slow_model, clock, prompts):
+    """On a model whose forward costs BASE + PER_TOKEN x L (+ TREE_MASK with a tree mask) on a fake clock, the
+    measured profile is that function, every turn's phase times are what its forwards and drafts cost and add up to
+    its wall time, and the speedup predicted from the run's own steps is the measured one."""
     lengths, contexts = [1, 4, 8], [16, 64]
-    seconds = measure_forward_times(slow_model, lengths, contexts, repeats=2)
-    for row in seconds:
-        for n, s in zip(lengths, row):
-            assert BASE + PER_TOKEN * n <= s <= 1.5 * (BASE + PER_TOKEN * n)  # + compute and late wake-ups
-    profile = Profile(SETTING, lengths, contexts, seconds)
+    seconds = measure_forward_times(slow_model, lengths, contexts, repeats=2, clock=clock)
+    for chain, tree in zip(seconds["chain"], seconds["tree"]):
+        assert chain == pytest.approx([BASE + PER_TOKEN * n for n in lengths], rel=1e-9)
+        assert tree == pytest.approx([BASE + PER_TOKEN * n + TREE_MASK for n in lengths], rel=1e-9)
+    profile = Profile(SETTING, lengths, contexts, seconds["chain"], tree_seconds=seconds["tree"])
     stop = StopCondition(24)
     continuations = {tuple(p): vanilla_tokens(slow_model, p, 24) for p in prompts}
-    oracle = SpeculativeEngine(slow_model, NoisyOracle(continuations, width=6, q=0.7))
-    plain = SpeculativeEngine(slow_model)
+    oracle = SpeculativeEngine(slow_model, NoisyOracle(continuations, width=6, q=0.7, clock=clock), clock=clock)
+    plain = SpeculativeEngine(slow_model, clock=clock)
     method_records, vanilla_records = [], []
     for prompt in prompts:
         for engine, records in ((plain, vanilla_records), (oracle, method_records)):
-            with timed(slow_model.device) as timing:
-                out = engine.generate(prompt, stop)
+            began = clock()
+            out = engine.generate(prompt, stop)
+            wall = clock() - began
             assert out.tokens == continuations[tuple(prompt)]
-            assert set(out.phase_seconds) == set(PHASES)
-            assert 0.97 * timing.wall <= sum(out.phase_seconds.values()) <= timing.wall
-            assert len(out.verified_tokens) == out.steps - 1
-            records.append(turn_record(out, timing.wall, prompt))
+            assert len(out.verified_tokens) == out.steps - 1 and not any(out.tree_steps)  # chains: no tree mask
+            drafts = DRAFT * len(out.verified_tokens) if engine is oracle else 0.0
+            assert out.phase_seconds == pytest.approx({
+                "prefill": BASE + PER_TOKEN * len(prompt), "draft": drafts, "accept": 0.0,
+                "verify": sum(BASE + PER_TOKEN * n for n in out.verified_tokens)}, rel=1e-9, abs=1e-12)
+            assert sum(out.phase_seconds.values()) == pytest.approx(wall, rel=1e-9)
+            records.append(turn_record(out, wall, prompt))
     speeds = [[sum(r["choices"][0]["new_tokens"]) / r["choices"][0]["wall_time"][0] for r in rs]
               for rs in (method_records, vanilla_records)]
     measured = statistics.mean(speeds[0]) / statistics.mean(speeds[1])
     assert measured > 1.2  # the oracle pays here
-    assert predicted_speedup(method_records, profile) == pytest.approx(measured, rel=0.12)
-    assert predicted_speedup(vanilla_records, profile) == pytest.approx(1.0, rel=0.05)
+    assert predicted_speedup(method_records, profile) == pytest.approx(measured, rel=1e-9)
+    assert predicted_speedup(vanilla_records, profile) == pytest.approx(1.0, rel=1e-9)
 
 
-def test_budget_auto_picks_the_known_best_size(slow_model, prompts):
+def test_tree_steps_are_predicted_from_the_tree_points(slow_model, clock, prompts):
+    """Steps that pass a tree mask are marked and cost the profile's tree points: the prediction is the fake clock's
+    time exactly, and would be TREE_MASK per step short from the chain points alone."""
+    from methods.medusa import MedusaDrafter
+
+    lengths, contexts = [1, 8, 32], [16, 64]
+    seconds = measure_forward_times(slow_model, lengths, contexts, repeats=1, clock=clock)
+    profile = Profile(SETTING, lengths, contexts, seconds["chain"], tree_seconds=seconds["tree"])
+    chains_only = Profile(SETTING, lengths, contexts, seconds["chain"])
+    torch.manual_seed(0)
+    heads = MedusaHeads(64, 3).double()
+    engine = SpeculativeEngine(slow_model, MedusaDrafter(slow_model, choices="mc_sim_7b_63", tree_size=20,
+                                                         heads=heads), clock=clock)
+    for prompt in prompts:
+        began = clock()
+        out = engine.generate(prompt, StopCondition(20))
+        record = turn_record(out, clock() - began, prompt)
+        masks = sum(out.tree_steps)
+        assert masks >= len(out.verified_tokens) - 1 and out.phase_seconds["verify"] == pytest.approx(
+            sum(BASE + PER_TOKEN * n for n in out.verified_tokens) + TREE_MASK * masks, rel=1e-9)
+        method, _ = predicted_seconds(record, profile)
+        assert method == pytest.approx(clock() - began, rel=1e-9)
+        short, _ = predicted_seconds(record, chains_only)
+        assert method - short == pytest.approx(TREE_MASK * masks, rel=1e-9)
+
+
+def test_budget_auto_picks_the_known_best_size(slow_model, clock, prompts):
     """With node i accepted with probability q[0] x ... x q[i] and a linear t(L), the best chain length is known
     (3 here, ~9% ahead of 2 and 4); after its warm-up, AutoBudget verifies that many tokens on most steps, and stays
     lossless."""
@@ -162,7 +218,8 @@ def test_budget_auto_picks_the_known_best_size(slow_model, prompts):
     known_best, _ = best_size(truth[1:], 64, profile)
     assert known_best == 3
     continuations = {tuple(p): vanilla_tokens(slow_model, p, 60) for p in prompts}
-    auto = AutoBudget(NoisyOracle(continuations, width, q, seed=1), profile, slow_model.device, probe_share=0.05)
+    auto = AutoBudget(NoisyOracle(continuations, width, q, seed=1), profile, slow_model.device, probe_share=0.05,
+                      clock=clock)
     engine = SpeculativeEngine(slow_model, auto)
     for prompt in prompts:
         assert engine.generate(prompt, StopCondition(60)).tokens == continuations[tuple(prompt)]
