@@ -119,12 +119,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     for warning in warned:
         print(f"WARNING: {warning}", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
+    questions = load_questions(cfg.task)  # before the model: a bad task file is refused at once
     model, tokenizer = load_model(cfg.model, device)
-    questions = load_questions(cfg.task)
     sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
     stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
                          tuple(cfg.gen.stop_strings), tokenizer)
     batch = int(cfg.gen.get("batch_size", 1))
+    rows_per_batch = clamped_batch(batch, len(questions), cfg.task.name)
     batch_policy = cfg.method.get("batch_policy", "always")
     planned = cfg.method.get("budget", "upstream") == "auto" or batch_policy == "adaptive"
     method = method_label(cfg.method.name, cfg.method.get("budget"), batch_policy)
@@ -169,11 +170,12 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
     if warm_prompt is not None and cfg.warmup_tokens:  # untimed, so first-call costs miss the first question
         warm_stop = StopCondition(cfg.warmup_tokens, stop.eos_token_ids)
+        warm_rows = min(rows_per_batch, len(todo))  # never more rows than the first real batch
         for decoder in {id(d): d for d in (decode, vanilla)}.values():
             if batch == 1:
                 decoder.engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
             else:
-                decoder.engine.generate([warm_prompt] * batch, warm_stop, [cfg.seed] * batch)
+                decoder.engine.generate([warm_prompt] * warm_rows, warm_stop, [cfg.seed] * warm_rows)
 
     def store_answer(question: dict, turns, base_turns) -> None:
         """Append a question's record (and its vanilla baseline's), or note it skipped when a prompt did not fit."""
@@ -237,6 +239,15 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         print(closing_table(summary).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print(verdict(summary.cpu_share.iloc[-1], cfg.starvation_threshold))
     return summary
+
+
+def clamped_batch(batch: int, questions: int, task: str) -> int:
+    """Rows per batch: gen.batch_size, or the task's question count when that is smaller (said once on stderr)."""
+    if batch <= questions:
+        return batch
+    print(f"note: gen.batch_size={batch} > the {questions} question(s) of task '{task}': decoding them "
+          f"{questions} at a time", file=sys.stderr)
+    return questions
 
 
 def closing_table(summary: pd.DataFrame) -> pd.DataFrame:
