@@ -134,18 +134,21 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
     profile = profile_for_run(cfg, model, device, make=planned)
     drafter = build_drafter(cfg.method, model, tokenizer, sampling)
+    gpu = GpuMonitor(device)
+    energy = gpu.energy_joules if gpu.energy_source else None  # joules per turn, where NVML can tell
     if batch == 1:
         if planned:
             drafter = AutoBudget(drafter, profile, device)
         decode = QuestionDecoder(SpeculativeEngine(model, drafter, sampling), tokenizer, stop, device, context,
-                                 cfg.repeats)
-        vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
+                                 cfg.repeats, energy)
+        vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats,
+                                                            energy)
     else:
         planner = SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE) if planned else None
         decode = BatchQuestionDecoder(BatchedEngine(model, drafter, sampling, planner), tokenizer, stop, device,
-                                      context, cfg.repeats)
+                                      context, cfg.repeats, energy)
         vanilla = decode if is_vanilla else BatchQuestionDecoder(BatchedEngine(model, None, sampling), tokenizer,
-                                                                 stop, device, context, cfg.repeats)
+                                                                 stop, device, context, cfg.repeats, energy)
 
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     if gen.get("batch_size") == 1:
@@ -164,7 +167,6 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     skipped = AnswerFile(out_dir / "skipped.jsonl", method_key, strict=False)  # prompts too long for the model
     with_baseline = cfg.baseline and not is_vanilla
     todo = [q for q in questions if q["question_id"] not in answers and q["question_id"] not in skipped]
-    gpu = GpuMonitor(device)
 
     warm_prompts = (build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
     warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
@@ -252,7 +254,8 @@ def clamped_batch(batch: int, questions: int, task: str) -> int:
 
 def closing_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The table printed at the end of a run: SUMMARY_COLUMNS, the speedup as `1.35x (1.21-1.49)`."""
-    shown = summary[SUMMARY_COLUMNS].copy()
+    energy = ["joules_per_token", "baseline_joules_per_token"] if summary.joules_per_token.notna().any() else []
+    shown = summary[SUMMARY_COLUMNS + energy].copy()
     shown["speedup"] = [speedup_text(*values) for values in
                         zip(summary.speedup, summary.speedup_ci_low, summary.speedup_ci_high)]
     return shown.rename(columns={"speedup": "speedup (95% CI)"})

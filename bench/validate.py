@@ -49,7 +49,7 @@ RULES = [
     ("method.budget", lambda v: v in ("upstream", "auto"), "upstream or auto"),
     ("method.batch_policy", lambda v: v in ("always", "adaptive"), "always or adaptive"),
     ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
-     f"an integer in [1, {MAX_BATCH_SIZE}] (a batch larger than the task's questions is cut to them)"),
+     f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
      " or ".join(ATTENTION_IMPLEMENTATIONS) + " (flash attention ignores the 4-D tree masks verification needs)"),
 ]

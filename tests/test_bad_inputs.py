@@ -31,10 +31,10 @@ def load(path) -> list[dict]:
 
 
 @pytest.mark.parametrize("override, line", [
-    ("gen.batch_size=100000",
-     "gen.batch_size=100000: must be an integer in [1, 1024] (a batch larger than the task's questions is cut to them)"),
-    ("gen.batch_size=0",
-     "gen.batch_size=0: must be an integer in [1, 1024] (a batch larger than the task's questions is cut to them)"),
+    ("gen.batch_size=100000", "gen.batch_size=100000: must be an integer >= 1, at most 1024 (a batch larger than the "
+                              "task's questions is cut to them)"),
+    ("gen.batch_size=0", "gen.batch_size=0: must be an integer >= 1, at most 1024 (a batch larger than the task's "
+                         "questions is cut to them)"),
     ("model.attn_implementation=flash_attention_2",
      "model.attn_implementation=flash_attention_2: must be sdpa or eager (flash attention ignores the 4-D tree masks "
      "verification needs)"),
@@ -88,7 +88,8 @@ def test_a_json_array_file_is_checked_item_by_item(tmp_path):
 def test_a_missing_task_file_and_an_empty_selection_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=f"task.source.data_files={tmp_path}/nope.jsonl: no such file"):
         load(tmp_path / "nope.jsonl")
-    cfg = compose_config("task=all", "task.tasks=[poetry]", f"task.source.data_files={task_file(tmp_path, *GOOD_LINES)}")
+    path = task_file(tmp_path, *GOOD_LINES)
+    cfg = compose_config("task=all", "task.tasks=[poetry]", f"task.source.data_files={path}")
     with pytest.raises(ConfigError, match=r"task 'all' selected no questions \(tasks=\['poetry'\]"):
         load_questions(cfg.task)
 
@@ -111,8 +112,8 @@ def test_cli_refuses_a_malformed_task_file_in_one_line_with_status_2(tiny_checkp
 def test_cli_refuses_an_absurd_batch_size_with_status_2(tmp_path):
     result = _cli("gen.batch_size=100000", f"out_dir={tmp_path}")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["error: gen.batch_size=100000: must be an integer in [1, 1024] (a batch "
-                                          "larger than the task's questions is cut to them)"]
+    assert result.stderr.splitlines() == ["error: gen.batch_size=100000: must be an integer >= 1, at most 1024 (a "
+                                          "batch larger than the task's questions is cut to them)"]
 
 
 def test_a_batch_larger_than_the_questions_is_cut_to_them_warm_up_included(compose, tmp_path, monkeypatch, capsys):
