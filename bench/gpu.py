@@ -54,6 +54,10 @@ class GpuMonitor:
         self.pynvml = pynvml
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            self.errors["nvmlInit"] = error_name(err)
+            return
+        try:
             self.handle = nvml_handle(pynvml, cuda_uuid(device))
         except pynvml.NVMLError as err:
             self.errors["nvmlDeviceGetHandleByUUID"] = error_name(err)

@@ -39,6 +39,11 @@ class NVMLError_NotFound(NVMLError):
         return "Not Found"
 
 
+class NVMLError_LibraryNotFound(NVMLError):
+    def __str__(self):
+        return "NVML Shared Library Not Found"
+
+
 def fake_nvml(known=(f"GPU-{UUID}",), energy_mj=None, power_mw=250_000, memory_fails=False):
     """A pynvml stand-in: devices `known` by UUID; `energy_mj` the total-energy counter's successive readings (None:
     not supported); `looked_up` lists the UUIDs asked for."""
@@ -111,6 +116,14 @@ def test_nvml_errors_are_named_in_the_report_not_raised(monkeypatch, fake_cuda):
     lost.sample()
     assert lost.energy_joules() is None and lost.energy_source is None
     assert lost.report()["nvml_errors"] == {"nvmlDeviceGetHandleByUUID": "NVMLError_NotFound: Not Found"}
+
+    def no_library():
+        raise NVMLError_LibraryNotFound()
+
+    no_driver = fake_nvml()
+    no_driver.nvmlInit = no_library
+    assert monitor(monkeypatch, no_driver).report()["nvml_errors"] == {
+        "nvmlInit": "NVMLError_LibraryNotFound: NVML Shared Library Not Found"}
 
     partial = monitor(monkeypatch, fake_nvml(energy_mj=None, memory_fails=True))  # no energy counter, say pre-Volta
     partial.sample()
