@@ -4,6 +4,8 @@ answers), timed, repeated and checked; one question at a time (`QuestionDecoder`
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -31,12 +33,14 @@ class RepeatMismatchError(RuntimeError):
 class QuestionDecoder:
     """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
     Each turn is decoded and timed `repeats` times with the same seed; every repeat must give the same tokens.
-    Raises PromptTooLong before a turn that would not fit in `context` tokens."""
+    Raises PromptTooLong before a turn that would not fit in `context` tokens. With `energy` (a running total of the
+    device's joules, bench.gpu.GpuMonitor.energy_joules) each turn also records `energy_j`, the median over repeats
+    of the joules used while it decoded."""
 
     def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device,
-                 context: int | None = None, repeats: int = 1):
+                 context: int | None = None, repeats: int = 1, energy: Callable[[], float | None] | None = None):
         self.engine, self.tokenizer, self.stop, self.device, self.context = engine, tokenizer, stop, device, context
-        self.repeats = repeats
+        self.repeats, self.energy = repeats, energy
         self.cores = available_cores()
 
     def __call__(self, question: dict, seed: int) -> list[dict]:
@@ -56,12 +60,12 @@ class QuestionDecoder:
         return turns
 
     def _repeated(self, prompt: list[int], seed: int, where: str):
-        """The turn's output (checked equal across repeats) and the Timing of each repeat."""
+        """The turn's output (checked equal across repeats) and each repeat's (Timing, [joules])."""
         first, timings = None, []
         for repeat in range(self.repeats):
-            with timed(self.device) as timing:
+            with self._metered() as (timing, joules):
                 out = self.engine.generate(prompt, self.stop, seed=seed)
-            timings.append(timing)
+            timings.append((timing, joules))
             first = out if first is None else first
             if out.tokens != first.tokens:
                 raise RepeatMismatchError(
@@ -70,12 +74,29 @@ class QuestionDecoder:
                     f"(run with repeats=1)")
         return first, timings
 
-    def _times(self, timings: list[Timing]) -> dict:
-        """wall_time (the median over repeats, Spec-Bench's field) and every repeat's times (records.TIMING_KEYS)."""
-        walls = [t.wall for t in timings]
+    @contextmanager
+    def _metered(self):
+        """timed(device), and with an energy meter the joules used inside, read after the device synchronised:
+        yields (Timing, a one-item list that then holds the joules, or None where unread)."""
+        joules = [None]
+        before = self.energy() if self.energy else None
+        with timed(self.device) as timing:
+            yield timing, joules
+        after = self.energy() if before is not None else None
+        joules[0] = None if after is None else after - before
+
+    def _times(self, metered: list[tuple[Timing, list]], share: float = 1.0) -> dict:
+        """wall_time (the median over repeats, Spec-Bench's field) and every repeat's times (records.TIMING_KEYS);
+        with an energy meter `energy_j`, the median over repeats of the joules (None where a reading failed).
+        Batched, the turn's `share` of its batch's."""
+        timings = [timing for timing, _ in metered]
+        walls = [t.wall * share for t in timings]
         times = {"wall_time": statistics.median(walls), "wall_times": walls}
         if timings[0].cpu is not None:
-            times.update(cpu_times=[t.cpu for t in timings], threads=timings[0].threads, cores=self.cores)
+            times.update(cpu_times=[t.cpu * share for t in timings], threads=timings[0].threads, cores=self.cores)
+        if self.energy is not None:
+            joules = [reading[0] for _, reading in metered]
+            times["energy_j"] = None if None in joules else round(statistics.median(joules) * share, 6)
         return times
 
 
@@ -112,8 +133,7 @@ class BatchQuestionDecoder(QuestionDecoder):
                 share = len(turn.tokens) / total
                 text = self.tokenizer.decode(turn.tokens, skip_special_tokens=True).strip()
                 conversations[i].append({"role": "assistant", "content": text})
-                times = self._times([Timing(t.wall * share, None if t.cpu is None else t.cpu * share, t.threads)
-                                     for t in timings])
+                times = self._times(timings, share)
                 results[i].append({"text": text, "token_ids": turn.tokens, "steps": turn.steps,
                                    "accept_lengths": turn.accept_lengths, "prompt_ids": prompt, **times,
                                    "phase_times": {k: round(v * share, 6) for k, v in out.phase_seconds.items()},
@@ -122,12 +142,12 @@ class BatchQuestionDecoder(QuestionDecoder):
         return results
 
     def _repeated(self, prompts: list[list[int]], seeds: list[int], where: str):
-        """The batch's output (checked equal across repeats) and the Timing of each repeat."""
+        """The batch's output (checked equal across repeats) and each repeat's (Timing, [joules])."""
         first, timings = None, []
         for repeat in range(self.repeats):
-            with timed(self.device) as timing:
+            with self._metered() as (timing, joules):
                 out = self.engine.generate(prompts, self.stop, seeds)
-            timings.append(timing)
+            timings.append((timing, joules))
             first = out if first is None else first
             if [t.tokens for t in out.turns] != [t.tokens for t in first.turns]:
                 raise RepeatMismatchError(f"{where}: repeat {repeat + 1} of {self.repeats} gave other tokens than "

@@ -19,6 +19,8 @@
 - predicted_speedup: what the target's forward-time profile predicts from the run's own steps (bench/costmodel.py);
   model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile explains), gap_flagged when the
   prediction lies outside the speedup's 95% interval: time spent outside drafting and the target's forward.
+- joules_per_token / baseline_joules_per_token: GPU energy (NVML, bench/gpu.py) of the method's / its paired
+  vanilla's turns over their generated tokens; NaN where no energy was measured (CPU, NVML missing).
 Token counts come from generated ids, never from re-tokenised text.
 """
 from __future__ import annotations
@@ -48,6 +50,17 @@ def mean_latency(records: list[dict]) -> float:
     choices = [r["choices"][0] for r in records]
     latencies = [s for c in choices for s in c.get("latency", c["wall_time"])]
     return sum(latencies) / len(latencies) if latencies else math.nan
+
+
+def joules_per_token(records: list[dict]) -> float:
+    """Energy over generated tokens, from the turns that have an `energy_j` reading; NaN when none has."""
+    joules = tokens = 0
+    for record in records:
+        choice = record["choices"][0]
+        for energy, new_tokens in zip(choice.get("energy_j", ()), choice["new_tokens"]):
+            if energy is not None:
+                joules, tokens = joules + energy, tokens + new_tokens
+    return joules / tokens if tokens else math.nan
 
 
 def decode_step_accepts(record: dict) -> list[int]:
@@ -118,6 +131,8 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "mean_accepted_tokens": new_tokens / steps,
         "mean_latency_s": mean_latency(records),
         "baseline_mean_latency_s": mean_latency([b for _, b in pairs]),
+        "joules_per_token": joules_per_token(records),
+        "baseline_joules_per_token": joules_per_token([b for _, b in pairs]),
         "exact_match": sum(matches) / len(matches) if matches else math.nan,
         "numeric_ties": sum(bool(d.get("numeric_tie")) for d in divergences),
         "cpu_share": share,

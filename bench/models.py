@@ -123,14 +123,18 @@ def context_window(model) -> int | None:
 
 
 def load_model(cfg: DictConfig, device: torch.device):
-    """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation."""
+    """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation;
+    the weights are loaded onto the device directly (device_map) where accelerate is installed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import is_accelerate_available
+
     source = dequantized_gguf(cfg) if cfg.get("gguf_file") else cfg.path
+    placement = {"device_map": device} if is_accelerate_available() else {}  # weights straight onto the device
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.get("attn_implementation", "sdpa")
+            source, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.get("attn_implementation", "sdpa"), **placement
         )
     except OSError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -140,5 +144,7 @@ def load_model(cfg: DictConfig, device: torch.device):
         print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
               f"('User: ...\\n\\nAssistant:', README: Prompts); set model.chat_template=... or model.prompt_format=raw "
               f"to change it", file=sys.stderr)
-    model.to(device).eval()
+    if not placement:  # without accelerate transformers loads on the CPU; copy it over
+        model.to(device)
+    model.eval()
     return model, tokenizer

@@ -14,6 +14,7 @@ TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Ben
 # tree mask, prompt length; for batched runs (gen.batch_size > 1): seconds until the row's last token, rows decoded
 # together
 STEP_KEYS = ("phase_times", "verified_tokens", "tree_steps", "prompt_tokens", "latency", "batch_rows")
+ENERGY_KEYS = ("energy_j",)  # on CUDA with NVML: the device's joules while the turn decoded (its share, batched)
 
 
 def config_key(**parts) -> str:
@@ -25,7 +26,8 @@ def config_key(**parts) -> str:
 def answer_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict]) -> dict:
     """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths, and
     where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads, available cores) and the
-    STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step, the prompt's length)."""
+    STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step, the prompt's length), and
+    on a GPU the ENERGY_KEYS (joules, median over repeats)."""
     return {
         "question_id": question["question_id"],
         "category": question["category"],
@@ -43,7 +45,8 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
                 "wall_time": [t["wall_time"] for t in turns],
                 "accept_lengths": [a for t in turns for a in t["accept_lengths"]],
                 "token_ids": [t["token_ids"] for t in turns],
-                **{key: [t[key] for t in turns] for key in (*TIMING_KEYS, *STEP_KEYS) if key in turns[0]},
+                **{key: [t[key] for t in turns] for key in (*TIMING_KEYS, *STEP_KEYS, *ENERGY_KEYS)
+                   if key in turns[0]},
             }
         ],
     }

@@ -35,6 +35,8 @@ TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
     "rag": "Retrieval-aug. Generation",
 }
 MAT_COLUMN, OVERALL_COLUMN = "#Mean Accepted Tokens", "Overall"
+ENERGY_COLUMN = "J/token"  # GPU energy per generated token (NVML); only in tables whose runs measured it
+ENERGY_COLUMNS = ["joules_per_token", "baseline_joules_per_token"]
 SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature", "batch_size"]
 POSITION_COLUMNS = [f"accept_rate_pos{k}" for k in range(1, ACCEPT_POSITIONS + 1)]
 SHARE_COLUMNS = [f"{phase}_share" for phase in PHASES]
@@ -180,7 +182,8 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
                "exact_match", "numeric_ties", "exact_match_or_tie", "diverged_questions", "cpu_share", "starved",
-               *POSITION_COLUMNS, *COST_COLUMNS, "n_tasks", "torch", "transformers", "finished", "runs"]
+               *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
+               "runs"]
     if latest.empty:
         return pd.DataFrame(columns=columns)
     out = []
@@ -226,6 +229,8 @@ def wide_table(board: pd.DataFrame) -> pd.DataFrame:
             row[heading], intervals[heading] = _speedup_of(by_task, task)
         row[MAT_COLUMN] = overall.mean_accepted_tokens
         row[OVERALL_COLUMN], intervals[OVERALL_COLUMN] = _speedup_of(by_task, "overall")
+        if "joules_per_token" in board and board.joules_per_token.notna().any():
+            row[ENERGY_COLUMN] = overall.joules_per_token
         row["_intervals"], row["_partial"] = intervals, any(t not in by_task.index for t in all_tasks)
         row["_starved"] = is_flagged(overall.starved)
         rows.append(row)
@@ -251,8 +256,9 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     method that lacks some tasks, ⚠ on one timed while starved of CPU."""
     shown = pd.DataFrame({"Method": table.Method})
     for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
-        if heading == MAT_COLUMN:
-            shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}")
+        if heading in (MAT_COLUMN, ENERGY_COLUMN):
+            digits = 2 if heading == MAT_COLUMN else 3
+            shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.{digits}f}")
         else:
             shown[heading] = [speedup_text(v, *intervals[heading]) for v, intervals in
                               zip(table[heading], table._intervals)]
@@ -575,7 +581,8 @@ NOTES = (
     "interval because under greedy decoding it is deterministic (the same tokens and forwards every run). "
     "† the method has no run for some of the table's tasks: its Overall covers the others only. "
     "⚠ the method was timed while starved of CPU (its process had less of the CPU than its threads could use): "
-    "its speedups are not to be trusted."
+    "its speedups are not to be trusted. J/token (GPU runs with NVML only) = the device's energy while the "
+    "method decoded / its generated tokens, all tasks together."
 )
 
 

@@ -119,12 +119,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     for warning in warned:
         print(f"WARNING: {warning}", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
+    questions = load_questions(cfg.task)  # before the model: a bad task file is refused at once
     model, tokenizer = load_model(cfg.model, device)
-    questions = load_questions(cfg.task)
     sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
     stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
                          tuple(cfg.gen.stop_strings), tokenizer)
     batch = int(cfg.gen.get("batch_size", 1))
+    rows_per_batch = clamped_batch(batch, len(questions), cfg.task.name)
     batch_policy = cfg.method.get("batch_policy", "always")
     planned = cfg.method.get("budget", "upstream") == "auto" or batch_policy == "adaptive"
     method = method_label(cfg.method.name, cfg.method.get("budget"), batch_policy)
@@ -133,18 +134,21 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     plain = SpeculativeEngine(model, None, sampling)  # first: refuses a model it cannot serve before any drafter setup
     profile = profile_for_run(cfg, model, device, make=planned)
     drafter = build_drafter(cfg.method, model, tokenizer, sampling)
+    gpu = GpuMonitor(device)
+    energy = gpu.energy_joules if gpu.energy_source else None  # joules per turn, where NVML can tell
     if batch == 1:
         if planned:
             drafter = AutoBudget(drafter, profile, device)
         decode = QuestionDecoder(SpeculativeEngine(model, drafter, sampling), tokenizer, stop, device, context,
-                                 cfg.repeats)
-        vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats)
+                                 cfg.repeats, energy)
+        vanilla = decode if is_vanilla else QuestionDecoder(plain, tokenizer, stop, device, context, cfg.repeats,
+                                                            energy)
     else:
         planner = SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE) if planned else None
         decode = BatchQuestionDecoder(BatchedEngine(model, drafter, sampling, planner), tokenizer, stop, device,
-                                      context, cfg.repeats)
+                                      context, cfg.repeats, energy)
         vanilla = decode if is_vanilla else BatchQuestionDecoder(BatchedEngine(model, None, sampling), tokenizer,
-                                                                 stop, device, context, cfg.repeats)
+                                                                 stop, device, context, cfg.repeats, energy)
 
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     if gen.get("batch_size") == 1:
@@ -163,17 +167,17 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     skipped = AnswerFile(out_dir / "skipped.jsonl", method_key, strict=False)  # prompts too long for the model
     with_baseline = cfg.baseline and not is_vanilla
     todo = [q for q in questions if q["question_id"] not in answers and q["question_id"] not in skipped]
-    gpu = GpuMonitor(device)
 
     warm_prompts = (build_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
     warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
     if warm_prompt is not None and cfg.warmup_tokens:  # untimed, so first-call costs miss the first question
         warm_stop = StopCondition(cfg.warmup_tokens, stop.eos_token_ids)
+        warm_rows = min(rows_per_batch, len(todo))  # never more rows than the first real batch
         for decoder in {id(d): d for d in (decode, vanilla)}.values():
             if batch == 1:
                 decoder.engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
             else:
-                decoder.engine.generate([warm_prompt] * batch, warm_stop, [cfg.seed] * batch)
+                decoder.engine.generate([warm_prompt] * warm_rows, warm_stop, [cfg.seed] * warm_rows)
 
     def store_answer(question: dict, turns, base_turns) -> None:
         """Append a question's record (and its vanilla baseline's), or note it skipped when a prompt did not fit."""
@@ -239,9 +243,19 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     return summary
 
 
+def clamped_batch(batch: int, questions: int, task: str) -> int:
+    """Rows per batch: gen.batch_size, or the task's question count when that is smaller (said once on stderr)."""
+    if batch <= questions:
+        return batch
+    print(f"note: gen.batch_size={batch} > the {questions} question(s) of task '{task}': decoding them "
+          f"{questions} at a time", file=sys.stderr)
+    return questions
+
+
 def closing_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The table printed at the end of a run: SUMMARY_COLUMNS, the speedup as `1.35x (1.21-1.49)`."""
-    shown = summary[SUMMARY_COLUMNS].copy()
+    energy = ["joules_per_token", "baseline_joules_per_token"] if summary.joules_per_token.notna().any() else []
+    shown = summary[SUMMARY_COLUMNS + energy].copy()
     shown["speedup"] = [speedup_text(*values) for values in
                         zip(summary.speedup, summary.speedup_ci_low, summary.speedup_ci_high)]
     return shown.rename(columns={"speedup": "speedup (95% CI)"})

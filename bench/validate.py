@@ -30,6 +30,10 @@ def _device(value) -> bool:
         return False
 
 
+MAX_BATCH_SIZE = 1024  # sanity bound: each row holds its own KV cache
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # those that honour the engine's 4-D attention masks
+
+
 # key, test, what the key accepts. Keys absent from a config (older model YAMLs, say) are not checked.
 RULES = [
     ("gen.temperature", lambda v: _real(v) and v >= 0, "a number >= 0 (0 = greedy)"),
@@ -44,7 +48,10 @@ RULES = [
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
     ("method.budget", lambda v: v in ("upstream", "auto"), "upstream or auto"),
     ("method.batch_policy", lambda v: v in ("always", "adaptive"), "always or adaptive"),
-    ("gen.batch_size", lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
+     f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
+    ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
+     " or ".join(ATTENTION_IMPLEMENTATIONS) + " (flash attention ignores the 4-D tree masks verification needs)"),
 ]
 _ABSENT = object()
 
