@@ -66,22 +66,34 @@ def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
     """An SpS draft (one layer of the tiny checkpoint) and a random EAGLE head for it, saved as runs load them."""
     from transformers import AutoModelForCausalLM
 
+    from bench.datastore import write_datastore
     from methods.heads import save_heads
+    from methods.hydra import HydraHeads
+    from methods.medusa import MedusaHeads
     from methods.sps import save_draft
 
     folder = tmp_path_factory.mktemp("artifacts")
     target = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)
     save_draft(slice_target(target, [0]), folder / "sps", {})
     save_heads(folder / "eagle", {"specbench_method": "eagle"}, random_head(target, 1).state_dict(), {})
+    hidden = target.config.hidden_size
+    for method, heads in (("medusa", MedusaHeads(hidden, 4)), ("hydra", HydraHeads(hidden, 4))):
+        save_heads(folder / method, {"specbench_method": method, "num_heads": 4, "num_layers": 1},
+                   heads.state_dict(), {})
+    generator = torch.Generator().manual_seed(4)
+    corpus = [torch.randint(0, target.config.vocab_size, (40,), generator=generator).tolist() for _ in range(20)]
+    write_datastore(folder / "rest.idx", corpus, sort_depth=8)
     return [f"model.sps_draft={folder / 'sps'}", f"model.eagle.checkpoint={folder / 'eagle'}",
-            "model.eagle.total_token=8", "model.eagle.depth=3", "model.eagle.top_k=2"]
+            "model.eagle.total_token=8", "model.eagle.depth=3", "model.eagle.top_k=2",
+            f"model.medusa.checkpoint={folder / 'medusa'}", f"model.hydra.checkpoint={folder / 'hydra'}",
+            f"++datastore.path={folder / 'rest.idx'}"]
 
 
 def tokens_by_question(path) -> dict:
     return {a["question_id"]: a["choices"][0]["token_ids"] for a in read_jsonl(path)}
 
 
-@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "pld", "lookahead", "vanilla"])
+@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest", "vanilla"])
 def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, method, one_thread):
     """repeats=3 under sampling: every repeat of a turn gives the same tokens (else RepeatMismatchError)."""
     summary = run(compose(f"method={method}", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1",
