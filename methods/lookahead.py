@@ -11,34 +11,52 @@ Window layout, with the root at position p: `base[i]` (i < W-1) guesses position
 i+1 (the root is column 0's key); `levels[l-1][j]` guesses position p+j+l. Level l of column j attends to the root,
 base[:j] and levels 1..l of its own column, which is the upstream attention mask.
 
-Two choices differ from upstream's greedy path: the window is full from the first step (a column's n-grams enter the
-pool once it has taken N-2 Jacobi steps, where upstream grows the levels one step at a time), and after k accepted
-tokens it slides k columns, not always one, so that each guess keeps its position (upstream's ALWAYS_FWD_ONE=0).
+Ours differs from upstream (lade 0.0.2, `jacobi_greedy_search_multilevel`) in four ways; three knobs select
+upstream's behaviour instead:
+- `initial_window`: ours is full from the first step, every guess drawn from the context, and a column's n-gram
+  enters the pool only once the column has taken N-2 Jacobi steps since it was filled. `upstream` does as lade
+  does: W+N-3 context tokens form the base (lade: `random.seed(10)`, so `seed: 10` draws lade's tokens), the
+  levels grow by one per step (level k+1 = the predictions of level k, one column to the left), and once N-2 levels
+  are there every column's n-gram is pooled each step, freshly guessed columns too. Lade takes its first Jacobi
+  step inside the prompt's prefill forward; the engine's prefill carries no window, so here it is one forward later.
+- `max_accept`: ours can accept a whole pooled n-gram plus the target's next token, N tokens a step. Lade's match
+  loop stops one short (a full match leaves its counter at N-2), so it accepts at most N-1: `n_minus_1` verifies
+  only the first N-2 tokens of each n-gram.
+- `slide`: after k accepted tokens ours slides the window k columns so that every guess keeps its position, and
+  fills the emptied right columns with fresh guesses (lade's ALWAYS_FWD_ONE=0); `one` slides one column whatever
+  was accepted (lade's default ALWAYS_FWD_ONE=1).
 """
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
 
 from bench.tree import DraftTree
 
+INITIAL_WINDOWS = ("ours", "upstream")
+MAX_ACCEPTS = ("n", "n_minus_1")
+SLIDES = ("accepted", "one")
 
-def window_layout(window_size: int, ngram_size: int) -> tuple[list[int], torch.Tensor]:
-    """Depths (relative to the root) and [m, m] attention of the window's aux nodes: base, then level 1, 2, ..."""
-    W, levels = window_size, ngram_size - 2
-    m = (W - 1) + levels * W
+
+@functools.cache
+def window_layout(columns: int, levels: int) -> tuple[list[int], torch.Tensor]:
+    """Depths (relative to the root) and [m, m] attention of a window's aux nodes: a base of `columns` - 1 guesses,
+    then `levels` levels of `columns` guesses each (level 1, 2, ...)."""
+    base = columns - 1
+    m = base + levels * columns
     mask = torch.zeros(m, m, dtype=torch.bool)
     depths = []
-    for i in range(W - 1):
+    for i in range(base):
         mask[i, : i + 1] = True
         depths.append(i + 1)
     for level in range(1, levels + 1):
-        for j in range(W):
-            row = (W - 1) + (level - 1) * W + j
+        for j in range(columns):
+            row = base + (level - 1) * columns + j
             mask[row, :j] = True  # base[:j]
             for seen in range(1, level + 1):  # its own column, levels 1..level
-                mask[row, (W - 1) + (seen - 1) * W + j] = True
+                mask[row, base + (seen - 1) * columns + j] = True
             depths.append(j + level)
     return depths, mask
 
@@ -58,26 +76,43 @@ def trie(sequences) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"lookahead {name}={value!r}; use one of {', '.join(allowed)} (method.drafter.{name})")
+    return value
+
+
 class LookaheadDrafter:
     def __init__(self, target=None, tokenizer=None, window_size: int = 15, ngram_size: int = 5,
-                 guess_set_size: int = 15, seed: int = 0):
+                 guess_set_size: int = 15, seed: int = 0, initial_window: str = "ours", max_accept: str = "n",
+                 slide: str = "accepted"):
         if window_size < 2 or ngram_size < 3 or guess_set_size < 0:
             raise ValueError(f"bad lookahead knobs: {window_size=}, {ngram_size=}, {guess_set_size=}")
         self.W, self.N, self.G, self.seed = window_size, ngram_size, guess_set_size, seed
-        self.aux_depths, self.aux_mask = window_layout(window_size, ngram_size)
+        self.initial_window = _choice("initial_window", initial_window, INITIAL_WINDOWS)
+        self.max_accept = _choice("max_accept", max_accept, MAX_ACCEPTS)
+        self.slide = _choice("slide", slide, SLIDES)
+        self.max_draft = ngram_size - 1 if max_accept == "n" else ngram_size - 2  # pooled tokens verified per n-gram
 
     def start(self, prompt_ids: list[int]) -> None:
-        """A fresh pool and a window filled with prompt tokens (upstream's initial guess), per turn."""
+        """A fresh pool and window per turn: full of context tokens (ours), or lade's W+N-3 base and no levels."""
         self.rng = random.Random(self.seed)
         self.context = list(prompt_ids)
         self.pool: dict[int, dict[tuple[int, ...], None]] = {}  # key token -> n-gram tails, least recent first
-        self.base = self._guesses(self.W - 1)
-        self.levels = [self._guesses(self.W) for _ in range(self.N - 2)]
+        if self.initial_window == "upstream":
+            self.base, self.levels = self._guesses(self.W + self.N - 3), []
+        else:
+            self.base = self._guesses(self.W - 1)
+            self.levels = [self._guesses(self.W) for _ in range(self.N - 2)]
         self.column_age = [0] * self.W  # Jacobi steps each column has taken since it was filled with guesses
         self.root = None
 
     def _guesses(self, count: int) -> list[int]:
         return [self.rng.choice(self.context) for _ in range(count)]
+
+    @property
+    def window_full(self) -> bool:
+        return len(self.levels) == self.N - 2
 
     def remember(self, key: int, tail: tuple[int, ...]) -> None:
         """Add an n-gram to the pool; each key keeps its `guess_set_size` most recently seen tails."""
@@ -92,19 +127,31 @@ class LookaheadDrafter:
             return None
         self.context, self.root = context, context[-1]
         tails = self.pool.get(self.root, {})
-        tokens, parents = trie(tail[: budget - 1] for tail in tails)
+        tokens, parents = trie(tail[: min(budget - 1, self.max_draft)] for tail in tails)
+        aux_depths, aux_mask = window_layout(len(self.base) + 1, len(self.levels))
         aux_tokens = self.base + [token for level in self.levels for token in level]
-        return DraftTree(tokens, parents, aux_tokens=aux_tokens, aux_depths=self.aux_depths, aux_mask=self.aux_mask)
+        return DraftTree(tokens, parents, aux_tokens=aux_tokens, aux_depths=aux_depths, aux_mask=aux_mask)
 
     def update(self, step) -> None:
         if step.tree is None:
             return
-        top = step.logits[-self.W :].argmax(-1).tolist()  # predictions after the top level: level N-1
+        top_rows = len(self.levels[-1]) if self.levels else len(self.base)
+        top = step.logits[-top_rows:].argmax(-1).tolist()  # predictions after the top level (the base, if none)
+        if not self.window_full:  # upstream's growing window: no n-gram is finished yet
+            self._grow(top)
+            return
         keys = [self.root] + self.base
         for j, age in enumerate(self.column_age):
-            if age >= self.N - 2:  # levels 1..N-2 all came out of Jacobi steps
+            if self.initial_window == "upstream" or age >= self.N - 2:  # ours: levels 1..N-2 all came out of Jacobi
                 self.remember(keys[j], tuple(level[j] for level in self.levels) + (top[j],))
-        self._slide(levels=self.levels + [top], advance=len(step.acceptance.tokens))
+        advance = 1 if self.slide == "one" else len(step.acceptance.tokens)
+        self._slide(levels=self.levels + [top], advance=advance)
+
+    def _grow(self, top: list[int]) -> None:
+        """Upstream's window before it is full, one accepted token on: every row moves one column left and the top
+        level's predictions become a new level (the base's, all of them, after the first step)."""
+        self.levels = [level[1:] for level in self.levels] + [top[1:] if self.levels else top]
+        self.base = self.base[1:]
 
     def _slide(self, levels: list[list[int]], advance: int) -> None:
         """Re-anchor the window on the new root, `advance` positions on: level l+1 becomes level l, shifted left by

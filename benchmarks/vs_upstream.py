@@ -1,0 +1,233 @@
+"""Parity check: our Lookahead, Medusa and EAGLE-1 against the reference implementations on the package index.
+
+    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle] [--questions 81,82] [--max-new-tokens 64]
+
+Both sides decode the same prompt token ids (MT-bench questions 81-82, both turns, turn 2 asked after vanilla's
+turn-1 answer; our chat template), greedily in float32 on SmolLM2-135M (the dequantized GGUF folder that
+bench/models.py makes, which both sides load), with the same settings: Lookahead W=15 N=5 G=15; Medusa with
+medusa-llm 0.1's default tree (`medusa_choices=[1, 7, 6]`: top-7 of head 1 x top-6 of head 2, 49 nodes), ours given
+the same nodes as a choices list; EAGLE-1 with eagle-llm's static tree (its `mc_sim_7b_63`, 25 nodes: our
+`eagle_7b_25`). Our committed heads are converted to upstream's layout in a temp folder (see upstream_driver.py for
+the vocabulary slice). Prints, per method: our and upstream's #MAT (tokens per target forward, the prefill
+included), their relative difference, and whether the tokens are equal (else the first divergence).
+
+The upstream side runs in a side virtual environment, made once in $SPECBENCH_CACHE/upstream-venv (default
+~/.cache/specbench/upstream-venv) with --system-site-packages, so it reuses this machine's torch; the packages are
+installed with --no-deps and only the dependencies the code paths need are added, pinned (UPSTREAM_PINS). The
+driver benchmarks/upstream_driver.py runs there as a subprocess. #MAT is a count, so machine load does not matter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.models import PROJECT_ROOT, cache_dir, dequantized_gguf, eos_token_ids, load_model
+from methods.eagle import EagleDrafter, load_eagle
+from methods.lookahead import LookaheadDrafter
+from methods.medusa import MedusaDrafter, load_medusa
+from tasks import build_prompt, read_questions
+
+# lade 0.0.2 imports `_expand_mask` from transformers' Llama and patches its `greedy_search`: transformers <= 4.34.
+# transformers 4.34.1 needs tokenizers < 0.15 and huggingface_hub < 1.0. The packages' other declared dependencies
+# (fschat, gradio, accelerate==0.21, ...) are not used by the code run here.
+UPSTREAM_PINS = ("lade==0.0.2", "medusa-llm==0.1", "eagle-llm==1.2.1", "transformers==4.34.1", "tokenizers==0.14.1",
+                 "huggingface_hub==0.17.3")
+DRIVER = Path(__file__).with_name("upstream_driver.py")
+MEDUSA_TREE = [1, 7, 6]  # medusa-llm 0.1's medusa_generate default
+LOOKAHEAD = {"window_size": 15, "ngram_size": 5, "guess_set_size": 15}
+UPSTREAM_LOOKAHEAD = {"initial_window": "upstream", "max_accept": "n_minus_1", "seed": 10}  # + slide
+
+
+def side_venv() -> Path:
+    """The side environment's python, made on first use (pins recorded in the venv; a change rebuilds it)."""
+    venv = cache_dir() / "upstream-venv"
+    python, stamp = venv / "bin" / "python", venv / "specbench-pins.txt"
+    if stamp.exists() and stamp.read_text() == "\n".join(UPSTREAM_PINS):
+        return python
+    print(f"making the upstream side environment in {venv}", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *UPSTREAM_PINS], check=True)
+    side_torch = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+    if side_torch != torch.__version__:
+        raise RuntimeError(f"the side environment's torch is {side_torch}, not this one's {torch.__version__}")
+    stamp.write_text("\n".join(UPSTREAM_PINS))
+    return python
+
+
+def side_model_dir(model_cfg) -> Path:
+    """The dequantized model folder with a config.json that transformers 4.34 reads (rope_theta at top level), the
+    weights a link to bench/models.py's copy."""
+    source = dequantized_gguf(model_cfg)
+    out = cache_dir() / "upstream" / source.name
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.pop("rope_parameters", None) or {}
+    config.update(rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)), rope_scaling=None,
+                  torch_dtype="float32")
+    config.setdefault("architectures", ["LlamaForCausalLM"])  # eagle-llm picks its model class from it
+    config.pop("dtype", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights = out / "model.safetensors"
+    if not weights.exists():
+        weights.symlink_to(source / "model.safetensors")
+    return out
+
+
+def slice_bias(vocab, vocab_size: int) -> torch.Tensor:
+    """0 on the draft-vocabulary slice, -1e9 elsewhere: full-vocabulary logits that rank only the slice."""
+    bias = torch.full((vocab_size,), -1e9)
+    bias[vocab.token_ids.cpu()] = 0.0
+    return bias
+
+
+def convert_medusa(checkpoint: str, target, out: Path) -> Path:
+    """Our Medusa heads in FasterDecoding's layout: `{head}.{layer}.linear.*` ResBlocks and `{head}.{layers}` the
+    vocabulary projection, here the target's full LM head plus slice_bias (medusa's own projection has no bias)."""
+    heads, vocab, _ = load_medusa(checkpoint, target)
+    layers = len(heads.blocks[0])
+    lm_head = target.get_output_embeddings().weight.detach().cpu()
+    state = {f"{h}.{rest}": v.detach().cpu() for h in range(heads.num_heads)
+             for rest, v in heads.blocks[h].state_dict().items()}
+    for h in range(heads.num_heads):
+        state[f"{h}.{layers}.weight"] = lm_head
+        state[f"{h}.{layers}.bias"] = slice_bias(vocab, lm_head.shape[0])
+    out.mkdir(parents=True)
+    torch.save(state, out / "medusa_lm_head.pt")
+    torch.save(vocab.token_ids.cpu(), out / "draft_vocab_ids.pt")
+    (out / "config.json").write_text(json.dumps({"medusa_num_heads": heads.num_heads, "medusa_num_layers": layers}))
+    return out
+
+
+def convert_eagle(checkpoint: str, target, out: Path) -> Path:
+    """Our EAGLE head in SafeAILab's layout (config.json + pytorch_model.bin: embed_tokens, fc, layers.0 without
+    input_layernorm); the driver hands its draft the sliced LM head."""
+    head, vocab, _ = load_eagle(checkpoint, target)
+    state = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().cpu()}
+    for key, value in head.state_dict().items():
+        if key.startswith("fc."):
+            state[key] = value.detach().cpu()
+        elif key.startswith("body.layers.0."):
+            state[key.removeprefix("body.")] = value.detach().cpu()
+    c = target.config
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bias": True,
+              "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+              "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_key_value_heads, "hidden_act": c.hidden_act,
+              "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
+              "pad_token_id": c.pad_token_id, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+              "rope_scaling": None, "tie_word_embeddings": False}
+    out.mkdir(parents=True)
+    torch.save(state, out / "pytorch_model.bin")
+    torch.save(vocab.token_ids.cpu(), out / "draft_vocab_ids.pt")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def mt_bench_prompts(model, tokenizer, question_ids: list[int], max_new_tokens: int, eos) -> list[list[int]]:
+    """Both turns' prompt ids of each question; turn 2 follows vanilla's (= every lossless method's) turn-1 answer."""
+    vanilla = SpeculativeEngine(model)
+    prompts = []
+    for question in (q for q in read_questions() if q["question_id"] in question_ids):
+        conversation = []
+        for turn in question["turns"]:
+            conversation.append({"role": "user", "content": turn})
+            prompt = build_prompt(tokenizer, conversation)
+            prompts.append(prompt)
+            answer = vanilla.generate(prompt, StopCondition(max_new_tokens, frozenset(eos))).tokens
+            conversation.append({"role": "assistant",
+                                 "content": tokenizer.decode(answer, skip_special_tokens=True).strip()})
+    return prompts
+
+
+def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
+    """Per row: method, settings, our drafter factory, and the upstream run (as the driver takes it)."""
+    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
+    rows = []
+    if "lookahead" in methods:
+        for label, knobs, fwd_one in (("ours (defaults) vs lade default ALWAYS_FWD_ONE=1", {}, 1),
+                                      ("upstream knobs, slide=one vs lade ALWAYS_FWD_ONE=1",
+                                       {**UPSTREAM_LOOKAHEAD, "slide": "one"}, 1),
+                                      ("upstream knobs, slide=accepted vs lade ALWAYS_FWD_ONE=0",
+                                       {**UPSTREAM_LOOKAHEAD, "slide": "accepted"}, 0)):
+            rows.append({"method": "lookahead", "settings": f"W15 N5 G15, {label}",
+                         "ours": lambda knobs=knobs: LookaheadDrafter(**LOOKAHEAD, **knobs),
+                         "upstream": {"method": "lookahead", **LOOKAHEAD, "always_fwd_one": fwd_one}})
+    if "medusa" in methods:
+        choices = [[i] for i in range(MEDUSA_TREE[1])] + [[i, j] for i in range(MEDUSA_TREE[1])
+                                                           for j in range(MEDUSA_TREE[2])]
+        folder = convert_medusa(cfg.medusa.checkpoint, model, heads_dir / "medusa")
+        rows.append({"method": "medusa", "settings": f"medusa_choices={MEDUSA_TREE} ({len(choices)} nodes)",
+                     "ours": lambda: MedusaDrafter(model, checkpoint=cfg.medusa.checkpoint, choices=choices),
+                     "upstream": {"method": "medusa", "heads_dir": str(folder), "medusa_choices": MEDUSA_TREE}})
+    if "eagle" in methods:
+        from methods.trees import TREES
+
+        folder = convert_eagle(cfg.eagle.checkpoint, model, heads_dir / "eagle")
+        rows.append({"method": "eagle", "settings": "static tree mc_sim_7b_63 (= eagle_7b_25, 25 nodes)",
+                     "ours": lambda: EagleDrafter(model, checkpoint=cfg.eagle.checkpoint, choices="eagle_7b_25"),
+                     "upstream": {"method": "eagle", "head_dir": str(folder), "tree_choices": TREES["eagle_7b_25"]}})
+    for index, row in enumerate(rows):
+        row["upstream"]["name"] = f"run{index}"
+    return rows
+
+
+def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    for turn, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return f"no (prompt {turn}, token {index})"
+    return "yes"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default="lookahead,medusa,eagle")
+    parser.add_argument("--questions", default="81,82", help="question ids (MT-bench: 81-160)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    python = side_venv()
+    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
+    cfg.dtype = "float32"
+    model, tokenizer = load_model(cfg, torch.device("cpu"))
+    eos = sorted(eos_token_ids(model, tokenizer))
+    prompts = mt_bench_prompts(model, tokenizer, [int(q) for q in args.questions.split(",")], args.max_new_tokens,
+                               eos)
+    stop = StopCondition(args.max_new_tokens, frozenset(eos))
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = comparisons(set(args.methods.split(",")), model, Path(tmp))
+        for row in rows:
+            outs = [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
+            row["our_tokens"] = [out.tokens for out in outs]
+            row["our_mat"] = sum(len(o.tokens) for o in outs) / sum(o.steps for o in outs)
+        job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
+               "prompts": prompts, "runs": [row["upstream"] for row in rows]}
+        (Path(tmp) / "job.json").write_text(json.dumps(job))
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
+        subprocess.run([str(python), str(DRIVER), str(Path(tmp) / "job.json"), str(Path(tmp) / "out.json")],
+                       check=True, env=env)
+        upstream = json.loads((Path(tmp) / "out.json").read_text())
+    print(f"{len(prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, greedy, "
+          f"float32, SmolLM2-135M")
+    print("| method | settings | our #MAT | upstream #MAT | difference | tokens equal |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        theirs = upstream[row["upstream"]["name"]]
+        mat = sum(len(r["tokens"]) for r in theirs) / sum(r["steps"] for r in theirs)
+        equal = divergence(row["our_tokens"], [r["tokens"] for r in theirs])
+        print(f"| {row['method']} | {row['settings']} | {row['our_mat']:.3f} | {mat:.3f} | "
+              f"{(row['our_mat'] - mat) / mat:+.1%} | {equal} |")
+
+
+if __name__ == "__main__":
+    main()
