@@ -64,6 +64,13 @@ def side_venv() -> Path:
     return python
 
 
+def rope_theta(config) -> float:
+    """The target's rotary base (transformers 5 keeps it in `rope_parameters`): upstream's heads read `rope_theta`
+    from their own config.json and fall back to 10000, which is not SmolLM2's."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
 def side_model_dir(model_cfg) -> Path:
     """The dequantized model folder with a config.json that transformers 4.34 reads (rope_theta at top level), the
     weights a link to bench/models.py's copy."""
@@ -125,7 +132,7 @@ def convert_eagle(checkpoint: str, target, out: Path) -> Path:
               "num_key_value_heads": c.num_key_value_heads, "hidden_act": c.hidden_act,
               "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
               "pad_token_id": c.pad_token_id, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
-              "rope_scaling": None, "tie_word_embeddings": False}
+              "rope_theta": rope_theta(c), "rope_scaling": None, "tie_word_embeddings": False}
     out.mkdir(parents=True)
     torch.save(state, out / "pytorch_model.bin")
     torch.save(vocab.token_ids.cpu(), out / "draft_vocab_ids.pt")
