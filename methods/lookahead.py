@@ -21,7 +21,8 @@ import random
 
 import torch
 
-from bench.tree import DraftTree
+from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
 
 
 def window_layout(window_size: int, ngram_size: int) -> tuple[list[int], torch.Tensor]:
@@ -58,7 +59,7 @@ def trie(sequences) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     def __init__(self, target=None, tokenizer=None, window_size: int = 15, ngram_size: int = 5,
                  guess_set_size: int = 15, seed: int = 0):
         if window_size < 2 or ngram_size < 3 or guess_set_size < 0:
