@@ -96,7 +96,7 @@ def load_model(cfg: DictConfig, device: torch.device):
     prompt_format = set_prompt_format(tokenizer, cfg.get("prompt_format", "auto"), cfg.get("chat_template"))
     if prompt_format == "plain" and cfg.get("prompt_format", "auto") == "auto":
         print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
-              f"('User: ...\\n\\nAssistant:', README: Prompts); set model.chat_template=... or model.prompt_format=raw "
+              f"('User: ...\\n\\nAssistant:', docs/models.md: Prompts); set model.chat_template=... or model.prompt_format=raw "
               f"to change it", file=sys.stderr)
     if not placement:  # without accelerate transformers loads on the CPU; copy it over
         model.to(device)

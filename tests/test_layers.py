@@ -1,4 +1,4 @@
-"""The layers of the house (README: Layout): each imports only those below it, no two modules import each other
+"""The layers of the house (docs/layout.md): each imports only those below it, no two modules import each other
 in a circle, nothing imports a command-line entry point, and reports load without torch."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The harness's metrics, defined once (README explains them):
+"""The harness's metrics, defined once (docs/metrics.md explains them):
 
 - tokens/s of a question = its new tokens / its generation wall time (all turns), Spec-Bench's definition;
   a task's tokens/s is the mean over its questions; speedup = method tokens/s / vanilla tokens/s on the same questions.
