@@ -11,6 +11,11 @@ Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, dr
 events recorded at each boundary and read after the turn, see PhaseTimer) and how many tokens each verification
 forward carried (`TurnOutput.verified_tokens`), which the cost model (bench/planning/costmodel.py) turns into a predicted
 speedup.
+
+The batched engine (bench/engine/batched.py) runs the same steps for B rows and shares their code with this one:
+`target_forward` (logits and the drafter's features), `open_turn` and `record_step` (a row's bookkeeping),
+`real_tree` and `start_drafter` (bench/engine/drafter.py); what differs is only what B rows need (one padded
+forward, per-row masks and acceptance, a batch cache).
 """
 from __future__ import annotations
 
