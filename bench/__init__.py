@@ -1,4 +1,4 @@
-"""specbench: one draft-then-verify engine, pluggable drafters, Spec-Bench's tasks (README)."""
+"""specbench: one draft-then-verify engine, pluggable drafters, Spec-Bench's tasks (README.md, docs/layout.md)."""
 from omegaconf import OmegaConf
 
 

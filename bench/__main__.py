@@ -6,14 +6,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from bench.models import MissingArtifactError
-from bench.validate import ConfigError
+from bench.errors import MissingArtifactError
+from bench.errors import ConfigError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from bench.kvcache import UnsupportedModelError
-    from bench.run import run
+    from bench.engine.kvcache import UnsupportedModelError
+    from bench.measure.run import run
 
     try:
         run(cfg)

@@ -1,8 +1,6 @@
 """Load the target model and tokenizer named by a `conf/model/*.yaml` config."""
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 import shutil
 import sys
@@ -11,20 +9,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from tasks import set_prompt_format
+from bench.artifacts import cache_dir, package_dir
+from bench.errors import MissingArtifactError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tasks.prompts import set_prompt_format
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-class MissingArtifactError(RuntimeError):
-    """An artifact (package, weights, datastore) a run needs is not there; the message says how to get it."""
-
-
-class InvalidArtifactError(MissingArtifactError):
-    """An artifact is there but unusable (a truncated or corrupt file, weights whose keys or shapes do not fit); the
-    message names the file and how to replace it."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,49 +27,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_artifact_path(path: str | Path) -> Path | None:
-    """A local artifact folder (absolute, or relative to the project root, not the cwd); None for a hub id."""
-    path = Path(path)
-    local = path if path.is_absolute() else PROJECT_ROOT / path
-    if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
-        return local
-    return None
-
-
 def eos_token_ids(model, tokenizer) -> set[int]:
     """EOS ids as `generate` uses them: the generation config's, else the tokenizer's."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
     return set(eos if isinstance(eos, list) else [eos]) - {None}
-
-
-def package_dir(package: str, install_hint: str) -> Path:
-    """Directory of an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingArtifactError(f"package '{package}' is not installed; fix: {install_hint}")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def artifact_fingerprint(path: str | Path) -> str:
-    """A short hash identifying a local artifact folder (draft weights, datastore): its file names and sizes and the
-    contents of its JSON files (card, config, meta). A path that is not a local folder (a hub id) is returned as is.
-    Run keys include it, so a run resumed after its artifact was rebuilt refuses to mix old and new answers."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        return str(path)
-    digest = hashlib.sha256()
-    for file in sorted(f for f in folder.iterdir() if f.is_file()):
-        digest.update(f"{file.name}:{file.stat().st_size}\n".encode())
-        if file.suffix == ".json":
-            digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    """Where derived files (dequantized models, datastores) live: $SPECBENCH_CACHE or ~/.cache/specbench."""
-    return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
 
 
 def dequantized_gguf(cfg: DictConfig) -> Path:
@@ -142,9 +96,19 @@ def load_model(cfg: DictConfig, device: torch.device):
     prompt_format = set_prompt_format(tokenizer, cfg.get("prompt_format", "auto"), cfg.get("chat_template"))
     if prompt_format == "plain" and cfg.get("prompt_format", "auto") == "auto":
         print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
-              f"('User: ...\\n\\nAssistant:', README: Prompts); set model.chat_template=... or model.prompt_format=raw "
+              f"('User: ...\\n\\nAssistant:', docs/models.md: Prompts); set model.chat_template=... or model.prompt_format=raw "
               f"to change it", file=sys.stderr)
     if not placement:  # without accelerate transformers loads on the CPU; copy it over
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def load_tokenizer(model_cfg):
+    """The tokenizer of a `conf/model/*.yaml` model, without loading its weights."""
+    from transformers import AutoTokenizer
+
+    if model_cfg.get("gguf_file"):
+        source = package_dir(model_cfg.package, model_cfg.install_hint) if model_cfg.get("package") else model_cfg.path
+        return AutoTokenizer.from_pretrained(source, gguf_file=model_cfg.gguf_file)
+    return AutoTokenizer.from_pretrained(model_cfg.path)

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+PHASES = ("prefill", "draft", "verify", "accept")  # a turn's phase_times keys (the engine's phases)
 TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
 # Also beyond it, for the cost model: seconds per engine phase, tokens per verification forward, whether it took a
 # tree mask, prompt length; for batched runs (gen.batch_size > 1): seconds until the row's last token, rows decoded

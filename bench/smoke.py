@@ -3,7 +3,7 @@
 Runs every method of conf/method/*.yaml (vanilla first) on a few questions of every task with short greedy
 generations (task=all task.limit=1 gen.max_new_tokens=32 device=cpu datastore.auto_build=false, SmolLM2-135M by
 default; extra Hydra overrides are appended), in one process, one method after the other. A method whose artifacts are missing (a
-datastore, trained heads, a draft model: bench.models.MissingArtifactError) is skipped with its fix printed; any
+datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix printed; any
 other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress against the
 committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Exit status: 0 passed, 1 a method failed or regressed, 2 nothing to compare (no baseline yet, say).
@@ -17,10 +17,10 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.models import MissingArtifactError
-from bench.regress import RegressError, regress
-from bench.report import write_report
-from bench.models import PROJECT_ROOT
+from bench.errors import MissingArtifactError
+from bench.report.regress import RegressError, regress
+from bench.report.render import write_report
+from bench.artifacts import PROJECT_ROOT
 
 # The smoke never builds artifacts: without a datastore REST is skipped (CI passes a small one, see .ci/run).
 DEFAULT_OVERRIDES = ["task=all", "task.limit=1", "gen.max_new_tokens=32", "device=cpu", "warmup_tokens=4",
@@ -47,7 +47,8 @@ def fresh_folder(out: Path) -> None:
 
 def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """One `python -m bench method=<method> ...` run, in this process."""
-    from bench.run import compose_config, run
+    from bench.config import compose_config
+    from bench.measure.run import run
 
     run(compose_config(f"method={method}", *overrides, f"out_dir={out_dir}"))
 

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench.errors import ConfigError
 from bench.models import DTYPES
-from tasks import PROMPT_FORMATS
-
-
-class ConfigError(ValueError):
-    """Values a run cannot use; the message has one line per problem (`python -m bench` exits with status 2)."""
+from tasks.prompts import PROMPT_FORMATS
 
 
 def _real(value) -> bool:

@@ -8,8 +8,9 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.models import load_model
-from bench.models import PROJECT_ROOT, eos_token_ids
-from bench.timing import timed
+from bench.artifacts import PROJECT_ROOT
+from bench.models import eos_token_ids
+from bench.engine.timing import timed
 from tasks import first_turn_prompts, read_questions
 
 

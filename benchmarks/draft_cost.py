@@ -14,11 +14,12 @@ import time
 
 import torch
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.run import build_drafter, compose_config
-from bench.sampling import SamplingConfig
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.measure.assemble import build_drafter
+from bench.config import compose_config
+from bench.engine.sampling import SamplingConfig
 from benchmarks.common import make_parser, setup
-from methods.heads import DraftVocabulary
+from methods.heads.common import DraftVocabulary
 
 
 class Timed:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.run import PROJECT_ROOT, build_drafter
-from bench.sampling import SamplingConfig
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.artifacts import PROJECT_ROOT
+from bench.measure.assemble import build_drafter
+from bench.engine.sampling import SamplingConfig
 from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
 
 

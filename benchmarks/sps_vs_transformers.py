@@ -16,8 +16,8 @@ import argparse
 
 from omegaconf import OmegaConf
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import PROJECT_ROOT
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.artifacts import PROJECT_ROOT
 from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
 from methods.sps import DraftModelDrafter, load_draft
 

@@ -3,7 +3,7 @@
     python benchmarks/vanilla_vs_generate.py --questions 8 --max-new-tokens 128 [--batch-size 4]
 
 Both decode the same prompts greedily, interleaved batch by batch; prints tokens/s of each and the ratio. At
---batch-size B > 1 ours is the batched engine (bench/batched.py, what `gen.batch_size=B` runs) and transformers'
+--batch-size B > 1 ours is the batched engine (bench/engine/batched.py, what `gen.batch_size=B` runs) and transformers'
 decodes the same B prompts left-padded, its own way; tokens after a row's EOS are not counted.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.common import hf_generate, interleave, make_parser, setup
-from bench.batched import BatchedEngine
-from bench.engine import SpeculativeEngine, StopCondition
+from bench.engine.batched import BatchedEngine
+from bench.engine.loop import SpeculativeEngine, StopCondition
 
 
 def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[int]:

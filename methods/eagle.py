@@ -22,34 +22,23 @@ Checkpoints: this project's, or SafeAILab's EAGLE-1/2 heads as their `EaModel` b
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
 
-from bench.kvcache import new_cache
-from bench.models import InvalidArtifactError, artifact_fingerprint
-from bench.sampling import SamplingConfig, logits_to_probs
-from bench.tree import DraftTree
-from methods.heads import (DraftVocabulary, checkpoint_folder, heads_or_checkpoint, load_strictly, read_heads,
-                           read_json, read_tensors)
-from methods.trees import resolve_choices
+from bench.engine.drafter import Drafter
+from bench.engine.kvcache import new_cache
+from bench.errors import InvalidArtifactError
+from bench.artifacts import artifact_fingerprint
+from bench.engine.sampling import SamplingConfig, logits_to_probs
+from bench.engine.tree import DraftTree
+from methods.heads.common import (DraftVocabulary, one_layer_config, checkpoint_folder, heads_or_checkpoint, load_strictly, read_heads,
+                                  read_json, read_tensors)
+from methods.heads.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
-
-
-def one_layer_config(target_config):
-    """The target's config cut to one decoder layer and a one-row embedding table (inputs come as embeddings)."""
-    config = copy.deepcopy(target_config)
-    config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:1]
-    config.vocab_size, config.pad_token_id = 1, None
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return config
 
 
 class EagleHead(nn.Module):
@@ -106,7 +95,7 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
 
 
 class EagleRecipe:
-    """Training recipe for methods/training.py (EAGLE-1 objective; EAGLE-2 uses the same weights)."""
+    """Training recipe for methods/heads/training.py (EAGLE-1 objective; EAGLE-2 uses the same weights)."""
 
     method = "eagle"
 
@@ -196,10 +185,11 @@ def _dropped_upstream_key(name: str) -> bool:
     return name in ("embed_tokens.weight", "layers.0.input_layernorm.weight") or name.endswith("rotary_emb.inv_freq")
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """EAGLE-1 (static `choices` tree) or EAGLE-2 (dynamic tree: `total_token`, `depth`, `top_k`) over one head."""
 
     feature_layers = (-1,)
+    samples = True
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  total_token: int = 60, depth: int = 5, top_k: int = 10, sampling: SamplingConfig | None = None,

@@ -25,13 +25,13 @@ import torch
 from torch import nn
 from transformers import AutoModel
 
-from bench.kvcache import new_cache
-from bench.models import InvalidArtifactError, MissingArtifactError, artifact_fingerprint
-from bench.tree import DraftTree
-from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
-                           load_strictly, read_heads, read_json, read_tensors)
-from methods.eagle import one_layer_config
-from methods.medusa import static_tree
+from bench.engine.kvcache import new_cache
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from bench.artifacts import artifact_fingerprint
+from bench.engine.tree import DraftTree
+from methods.heads.common import (DraftVocabulary, one_layer_config, LastFeatureDrafter, ResBlock, checkpoint_folder,
+                                  heads_or_checkpoint, load_strictly, read_heads, read_json, read_tensors)
+from methods.heads.trees import static_tree
 
 TRAIN_COMMAND = "python -m bench.train method=hydra"
 
@@ -80,7 +80,7 @@ def hydra_loss(heads: HydraHeads, vocab: DraftVocabulary, embed: nn.Embedding, b
 
 
 class HydraRecipe:
-    """Training recipe for methods/training.py."""
+    """Training recipe for methods/heads/training.py."""
 
     method = "hydra"
 

@@ -33,7 +33,8 @@ import random
 
 import torch
 
-from bench.tree import DraftTree
+from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
 
 INITIAL_WINDOWS = ("ours", "upstream")
 MAX_ACCEPTS = ("n", "n_minus_1")
@@ -82,7 +83,7 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     def __init__(self, target=None, tokenizer=None, window_size: int = 15, ngram_size: int = 5,
                  guess_set_size: int = 15, seed: int = 0, initial_window: str = "ours", max_accept: str = "n",
                  slide: str = "accepted"):

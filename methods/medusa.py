@@ -14,11 +14,11 @@ Medusa-1 (`config.json` with `medusa_num_heads` + `medusa_lm_head.pt`, keys `{he
 the same keys under `medusa_head.` inside model.safetensors / pytorch_model.bin or their index-listed shards; only
 the head tensors are read, and since Medusa-2 also fine-tunes the base, the target must be that folder's own model);
 and NVIDIA ModelOpt's (`mto.save` of a model converted with `mtsp.convert(model, [("medusa", ...)])`, see
-methods/modelopt.py). FasterDecoding's counts come from the weights, not config.json: the published Medusa-1 configs
+methods/heads/modelopt.py). FasterDecoding's counts come from the weights, not config.json: the published Medusa-1 configs
 declare fewer heads than medusa_lm_head.pt holds (upstream's loader overrides them); a disagreement is warned about
 once. Upstream builds a head's ResBlocks as one module repeated (`[ResBlock] * num_layers`), so it applies the last
 stored copy num_layers times; so do we. Loading is strict: a missing, unexpected or mis-shaped tensor, or an
-unreadable file, is refused in one line (bench.models.InvalidArtifactError).
+unreadable file, is refused in one line (bench.errors.InvalidArtifactError).
 """
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from bench.models import InvalidArtifactError, MissingArtifactError, artifact_fingerprint
-from bench.tree import DeviceTokens, DraftTree
-from methods.heads import (DraftVocabulary, LastFeatureDrafter, ResBlock, checkpoint_folder, heads_or_checkpoint,
-                           load_strictly, read_heads, read_json, read_tensors)
-from methods.trees import resolve_choices
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from bench.artifacts import artifact_fingerprint
+from bench.engine.tree import DeviceTokens, DraftTree
+from methods.heads.common import (DraftVocabulary, LastFeatureDrafter, checkpoint_folder,
+                                  heads_or_checkpoint, load_strictly, read_heads, read_json, read_tensors)
+from methods.heads.medusa_heads import MedusaHeads
+from methods.heads.trees import static_tree
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
 UPSTREAM_FIX = (f"download the whole checkpoint folder again (huggingface-cli download <hub id>) or train heads "
@@ -45,74 +46,6 @@ FULL_MODEL_WEIGHTS = (("model.safetensors.index.json", "model.safetensors"),
 MODELOPT_FILES = ("modelopt_medusa.pth", "modelopt_state.pth")
 
 
-class MedusaHeads(nn.Module):
-    """K Medusa heads. `private_vocab_size` gives each head its own projection (upstream layout); else the heads
-    return hidden states and the caller projects them through a shared DraftVocabulary."""
-
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1, private_vocab_size: int | None = None):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)))
-                                    for _ in range(num_heads))
-        self.projections = None if private_vocab_size is None else nn.ModuleList(
-            nn.Linear(hidden_size, private_vocab_size, bias=False) for _ in range(num_heads))
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.blocks)
-
-    def logits(self, hidden: torch.Tensor, vocab: DraftVocabulary, head: int) -> torch.Tensor:
-        """[..., H] target features -> [..., V'] logits of one head."""
-        out = self.blocks[head](hidden)
-        return vocab(out) if self.projections is None else self.projections[head](out)
-
-
-def medusa_loss(heads: MedusaHeads, vocab: DraftVocabulary, hidden: torch.Tensor, labels: torch.Tensor,
-                mask: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Sum over heads of decay^k x cross-entropy against the target's own predictions.
-
-    hidden [B, S, H] (features at t), labels [B, S] (the target's argmax at t: its next token), mask [B, S].
-    Head k at t is trained on labels[t + k + 1]. Returns (loss, per-head logits at the masked positions' labels
-    as (logits [N, V'], targets [N]) pairs for metrics).
-    """
-    total, outputs = hidden.new_zeros(()), []
-    for k in range(heads.num_heads):
-        shift = k + 1
-        keep = mask[:, shift:]
-        h = hidden[:, :-shift][keep]  # [N, H]
-        targets = vocab.slice_positions(labels[:, shift:][keep])  # [N]
-        logits = heads.logits(h, vocab, k)
-        total = total + decay ** k * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100)
-        outputs.append((logits.detach(), targets))
-    return total, outputs
-
-
-def tree_from_choices(choices: list[list[int]]) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
-    """A static tree from Medusa choices: (template tree with placeholder tokens, head of each node [n], top-k rank
-    of each node [n]). Node order: by depth, then lexicographic, so parents come before children."""
-    paths = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
-    index = {path: i for i, path in enumerate(paths)}
-    parents = []
-    for path in paths:
-        if len(path) > 1 and path[:-1] not in index:
-            raise ValueError(f"Medusa choice {list(path)} has no parent {list(path[:-1])} in the choices list")
-        parents.append(index[path[:-1]] if len(path) > 1 else -1)
-    template = DraftTree([0] * len(paths), parents)
-    heads = torch.tensor([len(p) - 1 for p in paths])
-    ranks = torch.tensor([p[-1] for p in paths])
-    return template, heads, ranks
-
-
-def static_tree(choices, tree_size: int | None, num_heads: int, method: str):
-    """tree_from_choices of the first `tree_size` choices (a name in methods/trees.py or a list; default: one chain as
-    deep as the heads), refused when deeper than the checkpoint's `num_heads`."""
-    choices = (resolve_choices(choices) or [[0] * d for d in range(1, num_heads + 1)])[:tree_size]
-    template, node_heads, node_ranks = tree_from_choices(choices)
-    if int(node_heads.max()) >= num_heads:
-        raise ValueError(f"the {method} tree is {int(node_heads.max()) + 1} deep but the checkpoint has {num_heads} "
-                         f"heads; use a shallower method.drafter.choices")
-    return template, node_heads, node_ranks
-
-
 def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocabulary, str]:
     """(heads, vocabulary, fingerprint) from a checkpoint folder in any supported format, on the target's device
     and dtype."""
@@ -121,7 +54,7 @@ def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocab
     if folder.is_file() or any((folder / f).exists() for f in MODELOPT_FILES):
         # NVIDIA ModelOpt: an mto.save file (train.backend=modelopt names it modelopt_medusa.pth), or a
         # save_pretrained folder with ModelOpt's modelopt_state.pth beside the weights
-        from methods.modelopt import load_modelopt_medusa
+        from methods.heads.modelopt import load_modelopt_medusa
 
         heads, vocab = load_modelopt_medusa(folder, target)
         return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
@@ -230,20 +163,3 @@ class MedusaDrafter(LastFeatureDrafter):
         return self.template.with_tokens(DeviceTokens(tokens))
 
 
-class MedusaRecipe:
-    """Training recipe for methods/training.py: `num_heads` heads of `num_layers` ResBlocks, projection shared with
-    the target's LM head (or its draft-vocabulary slice), loss sum_k decay^k CE_k (Medusa-1)."""
-
-    method = "medusa"
-
-    def build(self, target, tcfg) -> MedusaHeads:
-        return MedusaHeads(target.get_output_embeddings().weight.shape[1], tcfg.num_heads, tcfg.num_layers)
-
-    def loss(self, module: MedusaHeads, vocab: DraftVocabulary, batch, target):
-        return medusa_loss(module, vocab, batch.hidden, batch.labels, batch.mask, self.decay)
-
-    def __init__(self, decay: float = 0.8):
-        self.decay = decay
-
-    def checkpoint_config(self, module: MedusaHeads, tcfg) -> dict:
-        return {"num_heads": module.num_heads, "num_layers": len(module.blocks[0])}

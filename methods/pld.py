@@ -8,10 +8,11 @@ O(context).
 """
 from __future__ import annotations
 
-from bench.tree import DraftTree
+from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     def __init__(self, target=None, tokenizer=None, max_ngram_size: int = 3, num_pred_tokens: int = 10,
                  match: str = "latest"):
         if max_ngram_size < 1 or num_pred_tokens < 1 or match not in ("latest", "first"):

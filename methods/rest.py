@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.datastore import SEPARATOR, Datastore, build_datastore, datastore_path, is_built
-from bench.models import artifact_fingerprint
-from bench.tree import DraftTree
+from bench.artifacts import artifact_fingerprint
+from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
+from methods.rest_datastore import SEPARATOR, Datastore, build_datastore, datastore_path, is_built
 
 
 def frequent_prefix_trie(continuations: np.ndarray, num_draft: int) -> tuple[list[int], list[int]]:
@@ -46,7 +47,7 @@ def frequent_prefix_trie(continuations: np.ndarray, num_draft: int) -> tuple[lis
     return tokens[chosen].tolist(), np.where(chosen_parents >= 0, position[chosen_parents], -1).tolist()
 
 
-class RestDrafter:
+class RestDrafter(Drafter):
     """Drafts the trie of what followed the context's longest suffix found in the datastore (up to `num_draft` nodes).
 
     `datastore`: conf/datastore/*.yaml as a dict (`path`; with `auto_build` true, a missing datastore is first built

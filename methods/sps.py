@@ -19,12 +19,13 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.utils import logging as hf_logging
 
-from bench.engine import StepResult
-from bench.kvcache import new_cache
-from bench.models import InvalidArtifactError, MissingArtifactError, artifact_fingerprint, resolve_artifact_path
-from bench.sampling import SamplingConfig, logits_to_probs, sample
-from bench.tree import DraftTree
-from methods.heads import key_summary, load_strictly, read_tensors
+from bench.engine.drafter import Drafter, StepResult
+from bench.engine.kvcache import new_cache
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from bench.artifacts import artifact_fingerprint, resolve_artifact_path
+from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.tree import DraftTree
+from methods.heads.common import key_summary, load_strictly, read_tensors
 
 SHARED_FLAG = "specbench_shares_target_embeddings"  # config.json key: embedding and LM head come from the target
 
@@ -53,7 +54,7 @@ def _attach_shared(draft, target) -> None:
     draft.set_output_embeddings(target.get_output_embeddings())
 
 
-def _own_state(draft) -> dict[str, torch.Tensor]:
+def own_state(draft) -> dict[str, torch.Tensor]:
     """The draft's weights minus the embedding and LM head it shares with the target."""
     shared = {id(p) for module in (draft.get_input_embeddings(), draft.get_output_embeddings()) for p in module.parameters()}
     return {name: p for name, p in draft.named_parameters() if id(p) not in shared}
@@ -65,7 +66,7 @@ def save_draft(draft, out_dir: Path, card: dict) -> None:
     config = copy.deepcopy(draft.config)
     config.dtype = torch.float16
     config.save_pretrained(out_dir)
-    state = {name: p.detach().to(torch.float16).contiguous() for name, p in _own_state(draft).items()}
+    state = {name: p.detach().to(torch.float16).contiguous() for name, p in own_state(draft).items()}
     save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
 
@@ -85,7 +86,7 @@ def load_draft(path: str | Path, target, train_command: str = "python -m bench.t
         if getattr(config, SHARED_FLAG, False):
             draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
             _attach_shared(draft, target)
-            shared = set(draft.state_dict()) - set(_own_state(draft))
+            shared = set(draft.state_dict()) - set(own_state(draft))
             fix, weights = f"remake it with: {train_command}", local / "model.safetensors"
             load_strictly(draft, read_tensors(weights, fix), f"SpS draft {weights}", fix, provided=shared)
         else:
@@ -128,7 +129,7 @@ def _pretrained_strictly(source: str, dtype: torch.dtype, train_command: str):
     return draft
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Proposes a chain of `num_draft_tokens` (γ) tokens sampled (or, under greedy, argmax-picked) from the draft.
 
     Spec-Bench ran transformers 4.36's assisted generation, whose defaults were γ = 5 and the "heuristic" schedule;
@@ -136,6 +137,8 @@ class DraftModelDrafter:
     `sampling` must be the run's SamplingConfig so that q is processed like p; without it the draft proposes its
     argmax with q = None, which the acceptance rule treats as a deterministic (still lossless) proposal.
     """
+
+    samples = True
 
     def __init__(self, target, tokenizer=None, draft_path: str | None = None, num_draft_tokens: int = 5,
                  adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tasks.prompts import build_prompt
+
 QUESTIONS_FILE = Path(__file__).parent / "data" / "question.jsonl"
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -39,7 +41,7 @@ def load_questions(cfg: DictConfig) -> list[dict]:
     """
     import datasets
 
-    from bench.validate import ConfigError
+    from bench.errors import ConfigError
 
     source = OmegaConf.to_container(cfg.source, resolve=True)
     if source.get("data_files") is None and source.get("path") == "json":
@@ -96,7 +98,7 @@ def question_problem(row) -> str | None:
 def local_files(data_files) -> list[Path]:
     """The local files a `json` source's data_files names (a path or glob, a list of them, or a split -> paths
     dict); remote ones (with `://`) are left to datasets. ConfigError for a local pattern matching no file."""
-    from bench.validate import ConfigError
+    from bench.errors import ConfigError
 
     if isinstance(data_files, dict):
         patterns = [p for value in data_files.values() for p in (value if isinstance(value, list) else [value])]
@@ -117,7 +119,7 @@ def local_files(data_files) -> list[Path]:
 def check_question_file(path: Path, field: str | None = None) -> None:
     """Raise ConfigError at the first bad line of a JSONL question file (not JSON, a field missing or mistyped, a
     question_id seen before). A JSON array file (or one read with `field`) is checked item by item."""
-    from bench.validate import ConfigError
+    from bench.errors import ConfigError
 
     text = path.read_text(encoding="utf-8", errors="replace")
     if field or text.lstrip().startswith("["):
@@ -159,39 +161,8 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-PROMPT_FORMATS = ("auto", "plain", "raw")
 # The plain format, for models without a chat template: "User: <turn>\n\nAssistant: <answer>\n\n...Assistant:".
-PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize + ': ' + m['content'] + '\\n\\n' }}{% endfor %}"
-                  "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 # The raw format: the turns as they are, joined by blank lines; the model continues the last one.
-RAW_TEMPLATE = "{% for m in messages %}{{ ('\\n\\n' if not loop.first else '') + m['content'] }}{% endfor %}"
-
-
-def set_prompt_format(tokenizer, prompt_format: str = "auto", chat_template: str | None = None) -> str:
-    """Give `tokenizer` the chat template that build_prompt renders with; returns which format that is.
-
-    raw: RAW_TEMPLATE. Otherwise `chat_template` when given, else (auto) the tokenizer's own template, else the
-    plain format. The plain and raw formats start with the BOS token where the tokenizer adds one to plain text.
-    """
-    if prompt_format == "raw":
-        template = RAW_TEMPLATE
-    elif chat_template:
-        tokenizer.chat_template = chat_template
-        return "chat_template"
-    elif prompt_format == "auto" and tokenizer.chat_template:
-        return "chat"
-    else:
-        template, prompt_format = PLAIN_TEMPLATE, "plain"
-    adds_bos = tokenizer.bos_token_id is not None and tokenizer("x").input_ids[:1] == [tokenizer.bos_token_id]
-    tokenizer.chat_template = ("{{ bos_token }}" if adds_bos else "") + template
-    return prompt_format
-
-
-def build_prompt(tokenizer, conversation: list[dict]) -> list[int]:
-    """Token ids of a chat so far, rendered with the tokenizer's chat template (see set_prompt_format), ready for
-    the assistant's reply."""
-    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def read_questions(categories: Collection[str] | None = None) -> list[dict]:

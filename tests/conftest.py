@@ -10,7 +10,7 @@ import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM)
 
-from bench.engine import SpeculativeEngine, StopCondition
+from bench.engine.loop import SpeculativeEngine, StopCondition
 
 VOCAB = 96
 WINDOW = 4  # attention window of the windowed tiny models, shorter than every test prompt
@@ -96,7 +96,7 @@ def tiny_overrides(checkpoint, out_dir) -> list[str]:
 @pytest.fixture
 def compose(tiny_checkpoint, tmp_path):
     """compose(*overrides) -> the CLI's config for the tiny checkpoint, writing to a fresh out_dir."""
-    from bench.run import compose_config
+    from bench.config import compose_config
 
     def _compose(*overrides: str, checkpoint=tiny_checkpoint):
         return compose_config(*tiny_overrides(checkpoint, tmp_path / "run"), *overrides)
@@ -110,7 +110,7 @@ def load_smollm2():
     from omegaconf import OmegaConf
 
     from bench.models import load_model
-    from bench.run import PROJECT_ROOT
+    from bench.artifacts import PROJECT_ROOT
 
     return load_model(OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml"), torch.device("cpu"))
 

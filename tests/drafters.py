@@ -1,10 +1,11 @@
 """Drafters used only by tests, loadable by `_target_` from a method override."""
 from __future__ import annotations
 
-from bench.tree import DraftTree
+from bench.engine.tree import DraftTree
+from bench.engine.drafter import Drafter
 
 
-class RepeatLastDrafter:
+class RepeatLastDrafter(Drafter):
     """Proposes the last token `width` times: often wrong, sometimes right; output must still equal vanilla's."""
 
     def __init__(self, target, tokenizer, width: int = 3):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.metrics import summarize
+from bench.measure.metrics import summarize
 
 # one question per task: (question_id, category)
 QUESTIONS = [(81, "writing"), (161, "translation"), (241, "summarization"), (321, "qa"), (401, "math_reasoning"),
@@ -46,7 +46,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
               max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
               finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
               torch_version: str = "2.13.0", batch_size: int = 1, batch_policy: str | None = None) -> Path:
-    """A run folder as bench.run writes it."""
+    """A run folder as bench/measure/run.py writes it."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
     if baselines is not None:

@@ -9,11 +9,14 @@ import sys
 
 import pytest
 
-import bench.run
-from bench.batched import BatchedEngine
+import bench.measure.run
+from bench.engine.batched import BatchedEngine
 from bench.records import read_jsonl
-from bench.run import PROJECT_ROOT, compose_config, run
-from bench.validate import ConfigError, validate
+from bench.artifacts import PROJECT_ROOT
+from bench.config import compose_config
+from bench.measure.run import run
+from bench.errors import ConfigError
+from bench.validate import validate
 from tasks import QUESTIONS_FILE, load_questions
 from tests.conftest import tiny_overrides
 
@@ -136,7 +139,7 @@ def test_the_task_file_is_checked_before_the_model_loads(compose, tmp_path, monk
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(bench.run, "load_model", no_model)
+    monkeypatch.setattr(bench.measure.run, "load_model", no_model)
     path = task_file(tmp_path, '{"question_id": 1, "category": "qa"}')
     with pytest.raises(ConfigError, match="line 1: no 'turns'"):
         run(compose("task=all", f"task.source.data_files={path}"))

@@ -1,4 +1,4 @@
-"""The batched engine (bench/batched.py) is lossless at any batch size: every row's tokens, and its accepted tokens
+"""The batched engine (bench/engine/batched.py) is lossless at any batch size: every row's tokens, and its accepted tokens
 per step, are what batch-1 decoding of its prompt gives, for every method's drafter."""
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.batched import BatchedEngine
-from bench.budget import SpeculationPlanner
-from bench.costmodel import Profile
-from bench.datastore import write_datastore
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.run import run
-from bench.sampling import SamplingConfig
-from bench.tree import DraftTree
-from bench.validate import ConfigError, validate
+from bench.engine.batched import BatchedEngine
+from bench.planning.policy import SpeculationPlanner
+from bench.planning.costmodel import Profile
+from methods.rest_datastore import write_datastore
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.measure.run import run
+from bench.engine.sampling import SamplingConfig
+from bench.engine.tree import DraftTree
+from bench.errors import ConfigError
+from bench.validate import validate
+from bench.engine.drafter import Drafter
 from methods.eagle import EagleDrafter
 from methods.hydra import HydraDrafter
 from methods.lookahead import LookaheadDrafter
@@ -35,7 +37,7 @@ def batch_prompts():
     return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in LENGTHS]
 
 
-class ScriptedByPrompt:
+class ScriptedByPrompt(Drafter):
     """Proposes from each prompt's known vanilla continuation; how right depends on the prompt (`modes`, by prompt
     length), so rows accept different numbers of tokens each step. State is set in start(), as a forked drafter's
     must be."""
@@ -121,7 +123,7 @@ def test_scripted_drafts_accepting_different_amounts_per_row(tiny_model, batch_p
 def test_cache_compaction_when_holes_build_up(tiny_model, batch_prompts, monkeypatch, one_thread):
     """Rows that take turns accepting whole chains leave holes behind the longest row; compacting them away
     (more than once, with no row leaving) keeps every row's output."""
-    from bench.batched import BatchCache
+    from bench.engine.batched import BatchCache
 
     compactions = []
     original = BatchCache.compact
@@ -212,7 +214,7 @@ def test_cli_batched_run_records_throughput_and_latency(compose, tmp_path):
 
 
 def test_batched_out_dir_and_labels(tiny_checkpoint, tmp_path):
-    from bench.run import compose_config
+    from bench.config import compose_config
 
     cfg = compose_config("method=pld", "gen.batch_size=4", "method.batch_policy=adaptive", "task=qa")
     assert cfg.out_dir.endswith("/pld+adaptive/qa-batch4")
@@ -245,8 +247,10 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     """SmolLM2 (float32) at batch 3, a long prompt beside two short ones: every row of every method equals its
     batch-1 vanilla tokens, or first differs where the target's top two logits tie (batched arithmetic rounds
     differently), as the runner's divergence check classifies it."""
-    from bench.datastore import build
-    from bench.run import compose_config, eos_token_ids, find_divergence
+    from methods.rest_datastore import build
+    from bench.config import compose_config
+    from bench.models import eos_token_ids
+    from bench.measure.exactness import find_divergence
     from tests.conftest import load_smollm2, spec_bench_prompts
     from tests.method_checks import drafter_from_config, smollm2_vanilla
 

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 from torch.nn.functional import silu
 
-from bench.models import PROJECT_ROOT, InvalidArtifactError
+from bench.artifacts import PROJECT_ROOT
+from bench.errors import InvalidArtifactError
 from methods.eagle import EagleDrafter, load_eagle
 from methods.hydra import load_hydra
 from methods.medusa import MedusaDrafter, load_medusa

@@ -1,4 +1,4 @@
-"""bench.contention: the busy-machine warnings, cores under a cgroup quota, and CPU share from hand-built records."""
+"""bench.measure.contention: the busy-machine warnings, cores under a cgroup quota, and CPU share from hand-built records."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench import contention
-from bench.contention import cpu_share, is_starved, start_warnings, verdict
+from bench.measure.contention import cpu_share, is_starved, start_warnings, verdict
 
 
 def timed_record(walls: list[list[float]], cpus: list[list[float]] | None, threads: int, cores: int) -> dict:

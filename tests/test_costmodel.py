@@ -1,4 +1,4 @@
-"""The cost model (bench/costmodel.py, bench/profile.py, bench/budget.py): profiles, phase times, predicted speedup,
+"""The cost model (bench/planning/costmodel.py, bench/planning/profile.py, bench/planning/policy.py): profiles, phase times, predicted speedup,
 budget=auto."""
 from __future__ import annotations
 
@@ -10,14 +10,20 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.budget import AutoBudget, first_nodes
-from bench.costmodel import (Profile, ProfileError, best_size, measure_forward_times, predicted_seconds,
-                             predicted_speedup, profile_path, turn_contexts)
-from bench.engine import PHASES, SpeculativeEngine, StopCondition
+from bench.planning.policy import AutoBudget
+from bench.engine.tree import first_nodes
+from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
+                                      profile_path, turn_contexts)
+from bench.planning.profile import measure_forward_times
+from bench.records import PHASES
+from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.records import read_jsonl
-from bench.run import PROJECT_ROOT, run
-from bench.tree import DraftTree
-from methods.medusa import MedusaDrafter, MedusaHeads
+from bench.artifacts import PROJECT_ROOT
+from bench.measure.run import run
+from bench.engine.tree import DraftTree
+from bench.engine.drafter import Drafter
+from methods.medusa import MedusaDrafter
+from methods.heads.medusa_heads import MedusaHeads
 from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB, vanilla_tokens
 
@@ -107,7 +113,7 @@ def slow_model(clock):
     return slowed(make_tiny_model(seed=4), clock)
 
 
-class NoisyOracle:
+class NoisyOracle(Drafter):
     """Proposes a chain whose i-th token is vanilla's with probability q[i] (q: one number for every position),
     stopping at the first miss (a wrong token there): node i is accepted with probability q[0] x ... x q[i]."""
 
@@ -281,14 +287,15 @@ def test_run_with_budget_auto_makes_the_profile_and_reports_time_shares(compose,
 
 
 def test_out_dir_names_auto_runs_apart(compose):
-    from bench.run import compose_config
+    from bench.config import compose_config
 
     assert compose_config("method=pld").out_dir.endswith("/pld/mt_bench")
     assert compose_config("method=pld", "method.budget=auto").out_dir.endswith("/pld+auto/mt_bench")
 
 
 def test_budget_auto_is_refused_for_vanilla_and_bad_values(compose):
-    from bench.validate import ConfigError, validate
+    from bench.errors import ConfigError
+    from bench.validate import validate
 
     with pytest.raises(ConfigError, match="method.budget=auto: method=vanilla drafts nothing"):
         validate(compose("+method.budget=auto"))
@@ -299,7 +306,7 @@ def test_budget_auto_is_refused_for_vanilla_and_bad_values(compose):
 def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compose, tmp_path):
     """Two runs (pld with its upstream setting, then pld+auto, which makes the profile) -> the report's cost table
     has both with measured and predicted speedups and phase shares, and plots the profile."""
-    from bench.report import write_report
+    from bench.report.render import write_report
     from tests.test_report import table_rows
 
     run(compose("method=pld", "task=qa", "task.limit=2", "out_dir=" + str(tmp_path / "runs" / "pld")))

@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import MissingArtifactError
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.errors import MissingArtifactError
 from methods.eagle import EagleDrafter, EagleHead, load_eagle
-from methods.heads import DraftVocabulary, save_heads
-from methods.trees import TREES
+from methods.heads.common import DraftVocabulary, save_heads
+from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 

@@ -5,13 +5,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, MambaConfig, RwkvConfig
 
-from bench.engine import SpeculativeEngine, StopCondition, keep_accepted_kv
-from bench.kvcache import UnsupportedModelError, new_cache
-from bench.tree import DraftTree
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.kvcache import keep_accepted_kv
+from bench.engine.kvcache import UnsupportedModelError, new_cache
+from bench.engine.tree import DraftTree
+from bench.engine.drafter import Drafter
 from tests.conftest import VOCAB, generate_tokens, tiny_config, vanilla_tokens
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes from a known reference continuation: `mode` decides how right the proposals are."""
 
     def __init__(self, reference: list[int], prompt_len: int, mode: str, width: int = 4):

@@ -1,4 +1,4 @@
-"""The shared trained-head pipeline: feature cache (bench/features.py) and training loop (methods/training.py)."""
+"""The shared trained-head pipeline: feature cache (methods/heads/features.py) and training loop (methods/heads/training.py)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 
-from bench.features import build_feature_cache, load_features, render_with_assistant_mask
-from bench.models import PROJECT_ROOT, load_model
+from methods.heads.features import build_feature_cache, load_features, render_with_assistant_mask
+from bench.artifacts import PROJECT_ROOT
+from bench.models import load_model
 
 REPLY = ("Speculative decoding drafts several tokens cheaply and verifies them in one forward of the target model, "
          "so that the output is exactly what the target alone would write, only sooner. ")
@@ -70,8 +71,9 @@ def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_ch
 
 
 def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
-    from methods.medusa import MedusaDrafter, MedusaRecipe
-    from methods.training import train_heads
+    from methods.medusa import MedusaDrafter
+    from methods.heads.medusa_heads import MedusaRecipe
+    from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
@@ -92,7 +94,7 @@ def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, cor
 
 def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
     from methods.eagle import EagleDrafter, EagleRecipe
-    from methods.training import train_heads
+    from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle", "train.draft_vocab_size=null")
@@ -109,7 +111,7 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
 
 def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
     from methods.hydra import HydraDrafter, HydraRecipe
-    from methods.training import train_heads
+    from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")

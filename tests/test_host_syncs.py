@@ -10,12 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.acceptance import host_with_drafts
-from bench.batched import BatchedEngine
-from bench.engine import SpeculativeEngine, StopCondition, pick_token
-from bench.sampling import SamplingConfig
-from bench.tree import DeviceTokens, DraftTree
-from methods.heads import DraftVocabulary
+from bench.engine.acceptance import host_with_drafts
+from bench.engine.batched import BatchedEngine
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import pick_token
+from bench.engine.sampling import SamplingConfig
+from bench.engine.tree import DeviceTokens, DraftTree
+from bench.engine.drafter import Drafter
+from methods.heads.common import DraftVocabulary
 from methods.medusa import MedusaDrafter
 from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB, vanilla_tokens
@@ -31,7 +33,7 @@ def medusa(model, seed: int = 0, vocab_slice: bool = False) -> MedusaDrafter:
     return MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=random_heads(64, seed=seed), vocab=vocab)
 
 
-class RandomChainDrafter:
+class RandomChainDrafter(Drafter):
     """Proposes 3 random tokens with random draft probabilities (on the model's device), as a sampled draft does."""
 
     def __init__(self, model):
@@ -54,7 +56,7 @@ def test_the_counter_counts_project_code_only(tiny_model):
     logits = torch.randn(VOCAB)
     with counter.patched():
         counter.counting = True
-        pick_token(logits, SamplingConfig(), None)  # int(argmax) in bench/engine.py: counted
+        pick_token(logits, SamplingConfig(), None)  # int(argmax) in bench/engine/loop.py: counted
         logits.argmax().item()  # here in a test file: not counted
     assert dict(counter.kinds) == {"__int__": 1}
     pick_token(logits, SamplingConfig(), None)  # unpatched once the block is left
@@ -105,7 +107,7 @@ def test_sampling_copies_the_step_probabilities_to_the_host_once(tiny_model, met
     assert counter.kinds["cpu"] == len(steps) == out.steps - 1
     assert max(out.verified_tokens) > 1 or method == "vanilla"
     host_reads = {site.split(":")[0] for site in counter.sites if " cpu" not in site and " tolist" not in site}
-    assert host_reads <= {"bench/acceptance.py", "bench/sampling.py"}
+    assert host_reads <= {"bench/engine/acceptance.py", "bench/engine/sampling.py"}
     assert counter.kinds["tolist"] <= (len(steps) if method == "medusa" else 0)  # Medusa: its tokens, once a step
     assert not {"to(device)", "tensor(device=)", "cuda"} & set(counter.kinds)
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from bench.kvcache import new_cache
-from bench.models import InvalidArtifactError, MissingArtifactError
-from methods.heads import DraftVocabulary, save_heads
+from bench.engine.kvcache import new_cache
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from methods.heads.common import DraftVocabulary, save_heads
 from methods.hydra import HydraDrafter, HydraHeads, HydraPrefixHeads, load_hydra
-from methods.medusa import MedusaDrafter, MedusaHeads
-from methods.trees import TREES
+from methods.medusa import MedusaDrafter
+from methods.heads.medusa_heads import MedusaHeads
+from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2

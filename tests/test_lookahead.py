@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from bench.acceptance import Acceptance
-from bench.engine import SpeculativeEngine, StepResult
+from bench.engine.acceptance import Acceptance
+from bench.engine.loop import SpeculativeEngine
+from bench.engine.drafter import StepResult
 from methods.lookahead import LookaheadDrafter, window_layout
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 

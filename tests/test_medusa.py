@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
-from bench.models import MissingArtifactError
-from methods.heads import DraftVocabulary, save_heads
-from methods.medusa import MedusaDrafter, MedusaHeads, load_medusa, tree_from_choices
-from methods.trees import TREES
+from bench.errors import MissingArtifactError
+from methods.heads.common import DraftVocabulary, save_heads
+from methods.medusa import MedusaDrafter, load_medusa
+from methods.heads.medusa_heads import MedusaHeads
+from methods.heads.trees import tree_from_choices
+from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.metrics import summarize
+from bench.measure.metrics import summarize
 
 
 def record(qid, category, new_tokens, wall_time, steps, accept_lengths, exact=True, divergence=None):

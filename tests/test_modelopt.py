@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt's Medusa (methods/modelopt.py, optional extra `.[modelopt]`; CI installs it): convert, train
+"""NVIDIA ModelOpt's Medusa (methods/heads/modelopt.py, optional extra `.[modelopt]`; CI installs it): convert, train
 the heads with the base frozen, mto.save / mto.restore, and our MedusaDrafter driving the restored heads."""
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.features import Features
-from bench.models import MissingArtifactError, load_model
-from methods.heads import DraftVocabulary
+from methods.heads.features import Features
+from bench.errors import MissingArtifactError
+from bench.models import load_model
+from methods.heads.common import DraftVocabulary
 from methods.medusa import MedusaDrafter, load_medusa
-from methods.modelopt import (SAVED_FILE, ModelOptMedusaRecipe, heads_view, import_modelopt, load_modelopt_medusa,
-                              medusa_config)
+from methods.heads.modelopt import (SAVED_FILE, ModelOptMedusaRecipe, heads_view, import_modelopt,
+                                    load_modelopt_medusa, medusa_config)
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
@@ -117,7 +118,7 @@ def test_recipe_loss_is_modelopts_frozen_base_loss(modelopt, tiny_model):
 
 
 def test_train_command_with_the_modelopt_backend(modelopt, tiny_checkpoint, corpus, tmp_path, one_thread):  # noqa: F811
-    from bench.train import main
+    from methods.train import main
 
     out_dir = tmp_path / "medusa-modelopt"
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.backend=modelopt", "train.max_steps=2",

@@ -6,8 +6,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench.records import read_jsonl
-from bench.run import run
-from tasks import build_prompt, set_prompt_format
+from bench.measure.run import run
+from tasks.prompts import build_prompt, set_prompt_format
 from tests.conftest import WINDOW
 
 CONVERSATION = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},

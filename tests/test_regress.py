@@ -1,4 +1,4 @@
-"""bench.regress against a committed baseline: passes unchanged, fails naming method and task on each kind of drop."""
+"""bench.report.regress against a committed baseline: passes unchanged, fails naming method and task on each kind of drop."""
 from __future__ import annotations
 
 import io
@@ -8,8 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.regress import RegressError, main, regress
-from bench.report import leaderboard, load_runs, write_report
+from bench.report.regress import RegressError, main, regress
+from bench.report.tables import leaderboard
+from bench.report.runs import load_runs
+from bench.report.render import write_report
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 

@@ -1,16 +1,18 @@
-"""Sampled runs repeat: a drafter's draws come from the turn's seed (bench/engine.py's Drafter contract), so the same
+"""Sampled runs repeat: a drafter's draws come from the turn's seed (bench/engine/loop.py's Drafter contract), so the same
 seed gives the same tokens on a repeat, after other turns, in any question order and in any row of a batch."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import bench.run
-from bench.batched import BatchedEngine
-from bench.engine import SpeculativeEngine, StopCondition, drafter_seed
+import bench.measure.run
+from bench.engine.batched import BatchedEngine
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.drafter import drafter_seed
 from bench.records import read_jsonl
-from bench.run import run
-from bench.sampling import SamplingConfig
+from bench.measure.run import run
+from bench.engine.sampling import SamplingConfig
+from bench.engine.drafter import Drafter
 from methods.eagle import EagleDrafter
 from methods.sps import DraftModelDrafter, slice_target
 from tests.test_eagle import random_head
@@ -66,10 +68,10 @@ def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
     """An SpS draft (one layer of the tiny checkpoint) and a random EAGLE head for it, saved as runs load them."""
     from transformers import AutoModelForCausalLM
 
-    from bench.datastore import write_datastore
-    from methods.heads import save_heads
+    from methods.heads.common import save_heads
     from methods.hydra import HydraHeads
     from methods.medusa import MedusaHeads
+    from methods.rest_datastore import write_datastore
     from methods.sps import save_draft
 
     folder = tmp_path_factory.mktemp("artifacts")
@@ -109,8 +111,8 @@ def test_question_order_does_not_change_sampled_tokens(compose, tiny_artifacts, 
     """A run over the questions in reverse order gives each question (method and vanilla alike) the same tokens."""
     settings = (f"method={method}", "task=qa", "task.limit=3", "gen.temperature=1", *tiny_artifacts)
     run(compose(*settings, f"out_dir={tmp_path / 'forward'}"))
-    load_questions = bench.run.load_questions
-    monkeypatch.setattr(bench.run, "load_questions", lambda task: load_questions(task)[::-1])
+    load_questions = bench.measure.run.load_questions
+    monkeypatch.setattr(bench.measure.run, "load_questions", lambda task: load_questions(task)[::-1])
     run(compose(*settings, f"out_dir={tmp_path / 'reversed'}"))
     for name in ("answers.jsonl", "baseline.jsonl"):
         forward = tokens_by_question(tmp_path / "forward" / name)
@@ -118,8 +120,10 @@ def test_question_order_does_not_change_sampled_tokens(compose, tiny_artifacts, 
         assert list(backward) == list(forward)[::-1] and backward == forward
 
 
-class SeedRecorder:
+class SeedRecorder(Drafter):
     """A drafter that proposes nothing and records the seed each start() got."""
+
+    samples = True  # declares that it draws random numbers: start() gets the turn's drafter seed
 
     def __init__(self):
         self.seeds = []
@@ -135,7 +139,7 @@ class SeedRecorder:
 
 
 def test_engines_hand_each_turn_and_row_its_drafter_seed(tiny_model, prompts):
-    from bench.budget import AutoBudget
+    from bench.planning.policy import AutoBudget
     from tests.test_costmodel import linear_profile
 
     recorder = SeedRecorder()

@@ -11,9 +11,11 @@ import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-import bench.report
-from bench.report import TASK_COLUMNS, accept_lengths_by_method, leaderboard, load_runs, method_labels, \
-    plot_speedup_by_task, select_latest, write_report
+import bench.report.plots
+from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, leaderboard
+from bench.report.runs import load_runs, method_labels, select_latest
+from bench.report.plots import plot_speedup_by_task
+from bench.report.render import write_report
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
@@ -185,7 +187,7 @@ def test_acceptance_table_and_plots_and_html(report):
 
 
 def test_cli_writes_the_report(tmp_path, capsys):
-    from bench.report import main
+    from bench.report.render import main
 
     method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
@@ -216,8 +218,8 @@ def test_a_custom_task_gets_its_own_column_after_spec_bench_s_six_with_its_inter
 
 
 def test_speedup_plot_has_error_bars_every_task_and_a_title_inside_the_figure(tmp_path, monkeypatch):
-    figures, save = [], bench.report._save
-    monkeypatch.setattr(bench.report, "_save", lambda fig, path: (figures.append(fig), save(fig, path)))
+    figures, save = [], bench.report.plots._save
+    monkeypatch.setattr(bench.report.plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path)))
     custom_task_run(tmp_path / "runs" / "pld")
     title = "a_rather_long_model_name · cpu (AMD EPYC 7B13 64-Core Processor) · float32 · max_new_tokens 1024"
     plot_speedup_by_task(leaderboard(load_runs(tmp_path / "runs")), tmp_path / "plot.png", title)
@@ -276,7 +278,8 @@ def spec_bench_speed(answers_file: Path, baseline_file: Path, task: str) -> tupl
 @pytest.fixture(scope="module")
 def tiny_run(tiny_checkpoint, tmp_path_factory):
     """One real run on the tiny checkpoint: a drafter that is sometimes right, every task, interleaved vanilla."""
-    from bench.run import compose_config, run
+    from bench.config import compose_config
+    from bench.measure.run import run
     from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("runs") / "repeat"

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.datastore import Datastore, read_json_array, sort_suffixes, write_datastore
-from bench.models import MissingArtifactError
-from bench.run import run
+from methods.rest_datastore import Datastore, sort_suffixes, write_datastore
+from bench.corpora import read_json_array
+from bench.errors import MissingArtifactError
+from bench.measure.run import run
 from methods.rest import RestDrafter, frequent_prefix_trie
 from tests.conftest import VOCAB, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
@@ -102,7 +103,7 @@ def test_greedy_output_equals_vanilla(tiny_model, prompts, tmp_path, one_thread)
 
 @pytest.mark.real_model
 def test_smollm2_summarization_equals_vanilla(tmp_path):
-    from bench.datastore import build
+    from methods.rest_datastore import build
 
     cfg = compose_method("rest", "datastore.max_conversations=300", f"datastore.path={tmp_path}/small.idx")
     build(cfg)

@@ -11,11 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-import bench.run
-from bench.engine import StopCondition, TurnOutput
+import bench.measure.run
+from bench.engine.loop import StopCondition, TurnOutput
 from bench.records import read_jsonl
-from bench.decoding import QuestionDecoder, RepeatMismatchError
-from bench.run import PROJECT_ROOT, find_divergence, run
+from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
+from bench.artifacts import PROJECT_ROOT
+from bench.measure.exactness import find_divergence
+from bench.measure.run import run
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -135,7 +137,7 @@ THRESHOLD = "starvation_threshold=0.25"
 
 
 def test_a_run_that_lost_the_cpu_is_flagged_starved(compose, tmp_path, monkeypatch, capsys, one_thread):
-    monkeypatch.setattr(bench.run, "load_model", sleepy_loader(bench.run.load_model))
+    monkeypatch.setattr(bench.measure.run, "load_model", sleepy_loader(bench.measure.run.load_model))
     summary = run(compose("method=vanilla", "task=qa", "task.limit=2", THRESHOLD))
     assert summary.starved.tolist() == [True, True] and (summary.cpu_share < 0.25).all()
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())

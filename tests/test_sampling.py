@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.sampling import SamplingConfig, logits_to_probs, sample
-from bench.tree import DraftTree
+from bench.engine.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.tree import DraftTree
 from methods.sps import DraftModelDrafter, slice_target
 
 T1 = SamplingConfig(temperature=1.0)
@@ -168,7 +168,7 @@ def test_sps_samples_the_target_distribution(small_pair, monkeypatch):
     assert statistic < critical, (statistic, critical)
     assert {1, 4} <= set(accept_lengths)  # both full rejections and fully accepted chains happened
 
-    monkeypatch.setattr("bench.engine.speculative_sampling_accept", resample_from_p)
+    monkeypatch.setattr("bench.engine.loop.speculative_sampling_accept", resample_from_p)
     counts, _ = sps_counts(target, draft, 800)
     statistic, critical = chi_square(counts, exact)
     assert statistic > critical, "the statistical test failed to catch resampling from p instead of the residual"
@@ -204,7 +204,8 @@ def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
     """A Medusa tree and an EAGLE-2 tree (both deterministic top-k siblings) on random heads: the token at POSITION
     follows the target's exact distribution."""
     from methods.eagle import EagleDrafter, EagleHead
-    from methods.medusa import MedusaDrafter, MedusaHeads
+    from methods.medusa import MedusaDrafter
+    from methods.heads.medusa_heads import MedusaHeads
 
     target, _ = small_pair
     torch.manual_seed(0)

@@ -12,14 +12,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.acceptance import Acceptance
-from bench.datastore import write_datastore
-from bench.engine import NoDrafter, SpeculativeEngine, StopCondition
-from bench.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.acceptance import Acceptance
+from methods.rest_datastore import write_datastore
+from bench.engine.drafter import NoDrafter
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
 from methods.eagle import EagleDrafter, EagleHead
 from methods.hydra import HydraDrafter, HydraHeads
 from methods.lookahead import LookaheadDrafter
-from methods.medusa import MedusaDrafter, MedusaHeads
+from methods.medusa import MedusaDrafter
+from methods.heads.medusa_heads import MedusaHeads
 from methods.pld import PromptLookupDrafter
 from methods.rest import RestDrafter
 from methods.sps import DraftModelDrafter, slice_target
@@ -163,7 +165,7 @@ def test_method_samples_the_targets_joint_distribution(target, name, config, tmp
 
 @pytest.mark.parametrize("name", ["sps", "medusa:8", "eagle2:8/3/2", "eagle2:60/5/10", "eagle:smollm2"])
 def test_the_joint_test_catches_a_broken_rule(target, name, tmp_path, monkeypatch):
-    monkeypatch.setattr("bench.engine.speculative_sampling_accept", resample_from_p)
+    monkeypatch.setattr("bench.engine.loop.speculative_sampling_accept", resample_from_p)
     cfg = CONFIGS["top_k"]
     statistic, critical, _ = joint_test(target, make_drafter(name, target, cfg, tmp_path), cfg, 1200)
     assert statistic > critical, "the joint test failed to catch resampling from p instead of the residual"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench import smoke as smoke_module
-from bench.models import MissingArtifactError
-from bench.run import PROJECT_ROOT
+from bench.errors import MissingArtifactError
+from bench.artifacts import PROJECT_ROOT
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 

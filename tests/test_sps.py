@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import MissingArtifactError
-from bench.run import PROJECT_ROOT
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.errors import MissingArtifactError
+from bench.artifacts import PROJECT_ROOT
 from methods.sps import DraftModelDrafter, load_draft, resolve_draft_path, save_draft, slice_target
 from tests.conftest import make_tiny_model
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method
@@ -135,7 +135,7 @@ def test_committed_draft_is_lossless_on_smollm2():
 
 
 def test_artifact_fingerprint_changes_when_the_draft_is_retrained(tmp_path):
-    from bench.models import artifact_fingerprint
+    from bench.artifacts import artifact_fingerprint
 
     folder = tmp_path / "draft"
     folder.mkdir()

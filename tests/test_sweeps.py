@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from bench.run import compose_config
+from bench.config import compose_config
 
 # The fields of the plugins' config dataclasses in their released version 1.2.0 (checked against the installed
 # plugins when they are importable, below).

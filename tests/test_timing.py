@@ -1,6 +1,6 @@
-"""The phase timer (bench/engine.py PhaseTimer) on its two paths: a clock read at each lap, and CUDA-style events
+"""The phase timer (bench/engine/loop.py PhaseTimer) on its two paths: a clock read at each lap, and CUDA-style events
 recorded at each lap and read after the turn (here a fake event class over a fake clock: no GPU needed); the
-profile's chain and tree points (bench/costmodel.py)."""
+profile's chain and tree points (bench/planning/costmodel.py)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,13 @@ import json
 import pytest
 import torch
 
-from bench.batched import BatchedEngine
-from bench.costmodel import Profile, measure_forward_times, tree_step_inputs
-from bench.engine import PHASES, PhaseTimer, SpeculativeEngine, StopCondition
-from bench.run import PROJECT_ROOT
+from bench.engine.batched import BatchedEngine
+from bench.planning.costmodel import Profile
+from bench.planning.profile import measure_forward_times, tree_step_inputs
+from bench.records import PHASES
+from bench.engine.timing import PhaseTimer
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.artifacts import PROJECT_ROOT
 from methods.pld import PromptLookupDrafter
 from tests.test_costmodel import BASE, PER_TOKEN, TREE_MASK, FakeClock, slowed
 

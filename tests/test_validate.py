@@ -9,8 +9,11 @@ import sys
 import pytest
 
 from bench.records import read_jsonl
-from bench.run import PROJECT_ROOT, compose_config, run
-from bench.validate import ConfigError, validate
+from bench.artifacts import PROJECT_ROOT
+from bench.config import compose_config
+from bench.measure.run import run
+from bench.errors import ConfigError
+from bench.validate import validate
 
 
 def test_defaults_are_valid():

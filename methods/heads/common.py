@@ -7,10 +7,11 @@
 - `save_heads` / `read_heads`: a checkpoint folder (config.json, fp16 model.safetensors, card.json).
 - `read_json`, `read_tensors`, `load_strictly`: what every loader reads checkpoints with. A file that cannot be
   parsed (truncated, corrupt) and weights whose keys or shapes do not fit the module are refused in one line naming
-  the file and the fix (`bench.models.InvalidArtifactError`, exit status 2 from `python -m bench`).
+  the file and the fix (`bench.errors.InvalidArtifactError`, exit status 2 from `python -m bench`).
 """
 from __future__ import annotations
 
+import copy
 import json
 import zipfile
 from pathlib import Path
@@ -21,7 +22,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bench.models import InvalidArtifactError, MissingArtifactError, resolve_artifact_path
+from bench.engine.drafter import Drafter
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from bench.artifacts import resolve_artifact_path
 
 
 class ResBlock(nn.Module):
@@ -106,7 +109,7 @@ def checkpoint_folder(checkpoint: str | Path, method: str) -> Path:
                                    f"download it (huggingface-cli download {checkpoint}) and pass its folder") from err
 
 
-class LastFeatureDrafter:
+class LastFeatureDrafter(Drafter):
     """Base of the drafters that draft from the target's feature at the last accepted token (Medusa, Hydra)."""
 
     feature_layers = (-1,)
@@ -209,3 +212,15 @@ def key_summary(keys: list[str], what: str, shown: int = 3) -> str:
 
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0][:200]
+
+
+def one_layer_config(target_config):
+    """The target's config cut to one decoder layer and a one-row embedding table (inputs come as embeddings)."""
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:1]
+    config.vocab_size, config.pad_token_id = 1, None
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config

@@ -1,7 +1,7 @@
 """The engine's KV cache and the attention masks of a tree step, for the attention layers it can roll back.
 
 Every layer gets a plain `DynamicLayer` that keeps all positions, so compacting the cache to the accepted path
-(`bench.engine.keep_accepted_kv`: an index copy and a crop) works alike for every layer. Sliding-window layers
+(`keep_accepted_kv`: an index copy and a crop) works alike for every layer. Sliding-window layers
 still see only their window: on a one-token or chain step the model's own mask functions apply it (they size the
 mask from the cache, which holds everything), and on a tree step, where the model takes the engine's 4-D mask as
 is, `tree_attention_mask` applies it. transformers' own sliding-window layers keep only the last `window`
@@ -89,3 +89,16 @@ def additive_masks(allowed: torch.Tensor, queries: torch.Tensor, keys: torch.Ten
     if len(masks) == 1:
         return masks.popitem()[1]
     return {layer_type: masks[window] for layer_type, window in windows.items()}
+
+
+def keep_accepted_kv(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
+    """Keep past_len cached positions plus the step's inputs at `rows`, in that order; drop the rest."""
+    kept = past_len + len(rows)
+    if rows != list(range(len(rows))):
+        index = host_to_device([past_len + row for row in rows], cache.layers[0].keys.device, torch.long)
+        for layer in cache.layers:
+            layer.keys[..., past_len:kept, :] = layer.keys[..., index, :]
+            layer.values[..., past_len:kept, :] = layer.values[..., index, :]
+    surplus = cache.get_seq_length() - kept
+    if surplus:
+        cache.crop(-surplus)

@@ -1,10 +1,10 @@
 """Batched draft-then-verify: B sequences decoded together, every sequence's tree verified in one target forward.
 
-The steps are the batch-1 engine's (bench/engine.py), row by row:
+The steps are the batch-1 engine's (bench/engine/loop.py), row by row:
   1. prefill each prompt on its own (batch-1 arithmetic: each row's first token is its batch-1 one) and stack the
      caches into one batch cache;
   2. each row's own drafter (`fork_drafter`: a copy of the method's drafter, started with its own row's drafter
-     seed, see bench/engine.py's Drafter) proposes a tree under its root;
+     seed, see bench/engine/loop.py's Drafter) proposes a tree under its root;
   3. one target forward over [B, L] inputs (each row's root, nodes and aux nodes, padded to the longest row) with a
      4-D mask [B, 1, L, T + L] and each row's own positions;
   4. each row accepts its own path (one device-to-host copy for the whole batch: greedy decoding's argmax, or
@@ -19,7 +19,7 @@ row's accepted inputs are moved to the front of those L slots (a gather over the
 so vanilla's batched step copies nothing; when a row leaves, or the slots behind the longest row outgrow
 `max(16, T / 8)`, the cache is compacted in one gather.
 
-`planner` (batch_policy=adaptive): a SpeculationPlanner (bench/budget.py) holding the target's profile at this
+`planner` (batch_policy=adaptive): a SpeculationPlanner (bench/planning/policy.py) holding the target's profile at this
 batch size decides each step how many nodes every row verifies, and rests the drafters when speculation would lose
 to a plain batched step at the current context length and acceptance. Its probes (whole trees, to keep the
 acceptance estimates current) get BATCH_PROBE_SHARE of the decode time, a third of batch 1's: a batched probe
@@ -29,20 +29,34 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
-from bench.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
-from bench.budget import SpeculationPlanner, first_nodes
-from bench.engine import (Clock, PhaseTimer, StepResult, StopCondition, TurnOutput, drafter_seed, pick_token,
-                          start_drafter)
-from bench.kvcache import additive_masks, attention_windows, host_to_device, new_cache
-from bench.sampling import SamplingConfig
-from bench.timing import device_time
-from bench.tree import DraftTree
+from bench.engine.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
+from bench.engine.drafter import Drafter, StepResult, drafter_seed, start_drafter
+from bench.engine.kvcache import additive_masks, attention_windows, host_to_device, new_cache
+from bench.engine.loop import StopCondition, TurnOutput, open_turn, record_step, target_forward
+from bench.engine.sampling import SamplingConfig, pick_token
+from bench.engine.timing import Clock, PhaseTimer, device_time
+from bench.engine.tree import DraftTree, first_nodes, real_tree
 
 BATCH_PROBE_SHARE = 0.01  # of decode time spent on probes under batch_policy=adaptive (batch 1: 0.03)
+
+
+class StepPlanner(Protocol):
+    """What the batched engine asks of a speculation planner (bench/planning/policy.py's SpeculationPlanner)."""
+
+    masked_steps: bool
+
+    def plan(self, context_len: int, rows: int = 1) -> tuple[int | None, bool]: ...
+
+    def drafted(self, seconds: float, full_trees: list[DraftTree] = (), rows: int = 1, trees: int = 1) -> None: ...
+
+    def cut(self, trees: list[DraftTree | None], context_len: int) -> int: ...
+
+    def observe(self, tree: DraftTree | None, accepted_rows: list[int]) -> None: ...
 
 
 @dataclass
@@ -159,23 +173,18 @@ def _pad_slots(tensor: torch.Tensor, total: int) -> torch.Tensor:
 class BatchedEngine:
     """Draft-then-verify decoding of several prompts at once with any Hugging Face causal LM (see module doc)."""
 
-    def __init__(self, model, drafter=None, sampling: SamplingConfig = SamplingConfig(),
-                 planner: SpeculationPlanner | None = None, clock: Clock | None = None, event=None):
+    def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig(),
+                 planner: StepPlanner | None = None, clock: Clock | None = None, event=None):
         self.model, self.drafter, self.sampling, self.planner = model, drafter, sampling, planner
-        self.clock, self.event = clock, event  # the phase timer's (bench/engine.py PhaseTimer); tests inject fakes
+        self.clock, self.event = clock, event  # the phase timer's (bench/engine/loop.py PhaseTimer); tests inject fakes
         if planner is not None:
             planner.masked_steps = True  # a batched step always passes its 4-D mask: tree points of the profile
         self.device = model.device
         self._windows = attention_windows(model)
-        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
+        self.feature_layers = () if drafter is None else tuple(drafter.feature_layers)
 
     def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Target logits [B, L, vocab] and, when the drafter asks for them, its features [B, L, F]."""
-        if not self.feature_layers:
-            return self.model(**inputs).logits, None
-        out = self.model(**inputs, output_hidden_states=True)
-        parts = [out.hidden_states[i] for i in self.feature_layers]
-        return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return target_forward(self.model, self.feature_layers, **inputs)
 
     def _accept(self, logits: torch.Tensor, trees: list, generators: list) -> list[Acceptance]:
         if self.sampling.greedy:
@@ -194,7 +203,7 @@ class BatchedEngine:
             return [None] * len(drafters)
         start = device_time(self.device, self.clock)
         trees = [d.propose(c, b if k is None else min(b, k + 1)) for d, c, b in zip(drafters, contexts, budgets)]
-        trees = [t if t is not None and (len(t) or t.aux_tokens) else None for t in trees]
+        trees = [real_tree(t) for t in trees]
         if self.planner is None:
             return trees
         drafted = [t for t in trees if t is not None]
@@ -210,7 +219,7 @@ class BatchedEngine:
         """Decode every prompt until `stop`; row b's tokens are what batch-1 decoding of prompts[b] gives."""
         timer = PhaseTimer(self.device, self.clock, self.event)
         generators = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
-        outs = [TurnOutput(tokens=[], accept_lengths=[1]) for _ in prompts]
+        outs: list[TurnOutput] = []
         finish = [None] * len(prompts)  # per row: the timer's mark at its last token
         drafters = [fork_drafter(self.drafter) for _ in prompts] if self.drafter is not None else [None] * len(prompts)
         caches, roots, contexts, active = [], [], [], []
@@ -219,10 +228,12 @@ class BatchedEngine:
             logits, hidden = self._forward(input_ids=torch.tensor([prompt], device=self.device), cache=caches[-1],
                                            logits_to_keep=1)
             roots.append(pick_token(logits[0, -1], self.sampling, generators[b]))
+            out, context, done = open_turn(prompt, roots[-1], stop)
+            outs.append(out)
+            contexts.append(context)
             if drafters[b] is not None:
                 start_drafter(drafters[b], prompt, None if hidden is None else hidden[0], drafter_seed(seeds[b]))
-            contexts.append(list(prompt) + [roots[-1]])
-            if stop.extend(outs[b].tokens, [roots[-1]]):
+            if done:
                 finish[b] = timer.mark()
             else:
                 active.append(b)
@@ -246,13 +257,8 @@ class BatchedEngine:
                     drafters[b].update(StepResult(tree, logits[i, : sizes[i]], acceptance, rows_hidden))
                 if self.planner is not None:
                     self.planner.observe(tree, acceptance.rows)
-                before = len(outs[b].tokens)
-                done = stop.extend(outs[b].tokens, acceptance.tokens)
-                outs[b].accept_lengths.append(len(outs[b].tokens) - before)
-                outs[b].verified_tokens.append(sizes[i])
                 roots[b] = acceptance.tokens[-1]
-                contexts[b].extend(acceptance.tokens)
-                if done:
+                if record_step(outs[b], contexts[b], stop, acceptance, sizes[i]):
                     finish[b] = timer.mark()
                 else:
                     staying.append(i)

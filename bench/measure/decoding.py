@@ -1,6 +1,6 @@
 """Decoding the questions of a run: a question's turns in order (each asked with the earlier turns and the model's
 answers), timed, repeated and checked; one question at a time (`QuestionDecoder`, the batch-1 engine) or B at a time
-(`BatchQuestionDecoder`, bench/batched.py)."""
+(`BatchQuestionDecoder`, bench/engine/batched.py)."""
 from __future__ import annotations
 
 import statistics
@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 import torch
 
-from bench.contention import available_cores
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.timing import Timing, timed
-from tasks import build_prompt
+from bench.measure.contention import available_cores
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.timing import Timing, timed
+from tasks.prompts import build_prompt
 
 
 class PromptTooLong(Exception):
@@ -34,7 +34,7 @@ class QuestionDecoder:
     """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
     Each turn is decoded and timed `repeats` times with the same seed; every repeat must give the same tokens.
     Raises PromptTooLong before a turn that would not fit in `context` tokens. With `energy` (a running total of the
-    device's joules, bench.gpu.GpuMonitor.energy_joules) each turn also records `energy_j`, the median over repeats
+    device's joules, bench.measure.gpu.GpuMonitor.energy_joules) each turn also records `energy_j`, the median over repeats
     of the joules used while it decoded."""
 
     def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device,

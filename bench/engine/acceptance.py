@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.sampling import SamplingConfig, logits_to_probs, sample
-from bench.tree import DraftTree
+from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.tree import DraftTree
 
 
 @dataclass

@@ -12,53 +12,22 @@
   paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
   out (acceptance, cache compaction, mask building, Python) is the gap between predicted and measured speedup.
 - `best_size`: the number of draft nodes that maximises predicted tokens/s given per-node acceptance estimates
-  (bench/budget.py's `budget=auto`).
+  (bench/planning/policy.py's `budget=auto`).
 """
 from __future__ import annotations
 
 import json
-import platform
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import transformers
-
-from bench.kvcache import attention_windows, new_cache, tree_attention_mask
-from bench.timing import device_time
-from bench.tree import DraftTree
 
 POINT_KINDS = {"seconds": "chain: the model's own causal mask",
-               "tree_seconds": "tree: a tree-shaped 4-D additive mask (bench/kvcache.py tree_attention_mask)"}
+               "tree_seconds": "tree: a tree-shaped 4-D additive mask (bench/engine/kvcache.py tree_attention_mask)"}
 
 
 class ProfileError(Exception):
     """No profile for this setting, or one made for another setting."""
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    name = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
-        name = names[0] if names else name
-    return name
-
-
-def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
-    """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
-    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before)."""
-    return {**({"batch": batch} if batch > 1 else {}),
-            "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
-            "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
-            "device": device.type, "device_name": device_name(device),
-            "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
-            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def profile_path(directory: str | Path, setting: dict) -> Path:
@@ -111,62 +80,6 @@ class Profile:
             raise ProfileError(f"the profile at {path} was made for another setting ({', '.join(changed)} differ); "
                                f"remake it with: {command} profile.force=true")
         return cls(**data)
-
-
-def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1) -> str:
-    parts = [f"python -m bench.profile model={model_name}", f"device={device}"]
-    if batch > 1:
-        parts.append(f"gen.batch_size={batch}")
-    if device.type != "cuda" and threads:
-        parts.insert(0, f"OMP_NUM_THREADS={threads}")
-    return " ".join(parts)
-
-
-def tree_step_inputs(model, length: int, context: int, batch: int) -> dict:
-    """position_ids and the additive 4-D mask of a tree step over `length` inputs (the root and a binary tree of
-    length - 1 nodes under it) after `context` cached tokens, for `batch` rows alike, as the engines build them."""
-    tree = DraftTree([0] * (length - 1), [i // 2 - 1 for i in range(length - 1)])
-    offsets = tree.position_offsets.to(model.device)
-    mask = tree_attention_mask(tree.local_mask, offsets, context, attention_windows(model), model.dtype)
-    rows = lambda m: m.expand(batch, -1, -1, -1)  # noqa: E731
-    return {"position_ids": (offsets + context).expand(batch, -1),
-            "attention_mask": {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)}
-
-
-@torch.inference_mode()
-def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5, progress=None,
-                          batch: int = 1, kinds: tuple[str, ...] = ("chain", "tree"),
-                          clock=None) -> dict[str, list[list[float]]]:
-    """{kind: table}: median seconds of a forward over L new tokens (all logits, as a verification step computes
-    them) after a cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch`
-    sequences at once; "chain" with the model's own causal mask, "tree" with a tree-shaped 4-D mask
-    (`tree_step_inputs`). Repeats go round-robin over all the points of every kind (after one untimed round), so
-    that a machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read
-    once the device is done: bench/timing.py device_time), replaced in tests."""
-    device = model.device
-    vocab = model.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    ids, caches = [], []
-    for context in contexts:
-        ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(device))
-        caches.append(new_cache())
-        model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
-    extra = {kind: [[tree_step_inputs(model, n, c, batch) if kind == "tree" else {} for n in lengths]
-                    for c in contexts] for kind in kinds}
-    times = {kind: [[[] for _ in lengths] for _ in contexts] for kind in kinds}
-    for repeat in range(repeats + 1):
-        for kind in kinds:
-            for i, context in enumerate(contexts):
-                for j, length in enumerate(lengths):
-                    start = device_time(device, clock)
-                    model(input_ids=ids[i][:, context : context + length], cache=caches[i], **extra[kind][i][j])
-                    elapsed = device_time(device, clock) - start
-                    caches[i].crop(-length)
-                    if repeat:
-                        times[kind][i][j].append(elapsed)
-        if progress is not None and repeat:
-            progress.update(1)
-    return {kind: [[statistics.median(point) for point in row] for row in table] for kind, table in times.items()}
 
 
 # --- predictions from a run's records ----------------------------------------------------------------------------

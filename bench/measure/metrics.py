@@ -1,4 +1,4 @@
-"""The harness's metrics, defined once (README explains them):
+"""The harness's metrics, defined once (docs/metrics.md explains them):
 
 - tokens/s of a question = its new tokens / its generation wall time (all turns), Spec-Bench's definition;
   a task's tokens/s is the mean over its questions; speedup = method tokens/s / vanilla tokens/s on the same questions.
@@ -12,14 +12,14 @@
 - exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling).
 - speedup_ci_low / speedup_ci_high = 95% percentile interval of the speedup from a paired bootstrap over questions
   (seeded; NaN under two paired questions). #MAT has none: under greedy decoding it is the same every run.
-- cpu_share / starved: bench.contention's starvation check over the method's and its paired vanilla's turns.
+- cpu_share / starved: bench.measure.contention's starvation check over the method's and its paired vanilla's turns.
 - prefill_share / draft_share / verify_share / accept_share = the method's seconds in each engine phase over its
   generation wall time (what is left is the timer's own overhead); mean_verified_tokens = tokens per verification
   forward (root + draft nodes + lookahead's window), decode steps only.
-- predicted_speedup: what the target's forward-time profile predicts from the run's own steps (bench/costmodel.py);
+- predicted_speedup: what the target's forward-time profile predicts from the run's own steps (bench/planning/costmodel.py);
   model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile explains), gap_flagged when the
   prediction lies outside the speedup's 95% interval: time spent outside drafting and the target's forward.
-- joules_per_token / baseline_joules_per_token: GPU energy (NVML, bench/gpu.py) of the method's / its paired
+- joules_per_token / baseline_joules_per_token: GPU energy (NVML, bench/measure/gpu.py) of the method's / its paired
   vanilla's turns over their generated tokens; NaN where no energy was measured (CPU, NVML missing).
 Token counts come from generated ids, never from re-tokenised text.
 """
@@ -30,9 +30,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
-from bench.costmodel import Profile, predicted_speedup
-from bench.engine import PHASES
+from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
+from bench.planning.costmodel import Profile, predicted_speedup
+from bench.records import PHASES
 from tasks import task_of
 
 ACCEPT_POSITIONS = 5

@@ -19,20 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from bench.datastore import sharegpt_records
-
-ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "system": "system"}
-
-
-def sharegpt_conversations(path: Path | None = None) -> Iterator[list[dict]]:
-    """ShareGPT conversations (bench.datastore.sharegpt_records) as chat messages, in file order."""
-    for record in sharegpt_records(path):
-        messages = [{"role": ROLES[turn["from"]], "content": turn["value"]}
-                    for turn in record.get("conversations", []) if turn.get("from") in ROLES and turn.get("value")]
-        if messages:
-            yield messages
+from bench.corpora import sharegpt_conversations
 
 
 def render_with_assistant_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:

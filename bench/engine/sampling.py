@@ -40,3 +40,10 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a [vocab] distribution."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def pick_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
+    """The target's next token from its logits [vocab]: the argmax under greedy decoding, else a sample."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return sample(logits_to_probs(logits, sampling).cpu(), generator)

@@ -7,7 +7,7 @@ from functools import cached_property
 
 import torch
 
-from bench.kvcache import host_to_device
+from bench.engine.kvcache import host_to_device
 
 SHAPE_CACHE = ("depths", "children", "local_mask", "position_offsets", "is_chain", "device_layouts")
 
@@ -157,3 +157,17 @@ class DraftTree:
     def position_offsets(self) -> torch.Tensor:
         """[L] position of each input relative to the root."""
         return torch.tensor([0, *self.depths, *self.aux_depths], dtype=torch.long)
+
+
+def first_nodes(tree: DraftTree, k: int) -> DraftTree:
+    """The tree of the first k nodes (and every auxiliary node)."""
+    if k >= len(tree):
+        return tree
+    probs = None if tree.draft_probs is None else tree.draft_probs[:k]
+    return DraftTree(tree.tokens[:k], tree.parents[:k], probs, tree.siblings, tree.aux_tokens, tree.aux_depths,
+                     tree.aux_mask)
+
+
+def real_tree(tree: DraftTree | None) -> DraftTree | None:
+    """A proposal as the engines verify it: None when it drafted nothing (no node and no auxiliary node)."""
+    return tree if tree is not None and (len(tree) or tree.aux_tokens) else None

@@ -1,4 +1,4 @@
-"""`method.budget=auto`: speculation sized for the hardware by the measured cost model (bench/costmodel.py).
+"""`method.budget=auto`: speculation sized for the hardware by the measured cost model (bench/planning/costmodel.py).
 
 `AutoBudget` wraps any drafter. Each step it verifies only the first k nodes of the drafter's tree (parents come
 before children, so the first k nodes are a tree and its accepted path is the full tree's, cut), with k chosen to
@@ -13,7 +13,7 @@ Probes keep the estimates honest: the first `warmup_steps` steps and then a step
 stays within `probe_share` of the time decoded since verify the whole tree. Lossless throughout: the target
 verifies whatever is kept, and a cut tree is still a tree (sibling draws stay prefixes of their draw order).
 
-The decisions live in `SpeculationPlanner`, which the batched engine (bench/batched.py, batch_policy=adaptive) asks
+The decisions live in `SpeculationPlanner`, which the batched engine (bench/engine/batched.py, batch_policy=adaptive) asks
 too, with the profile measured at its batch size: there a row's expected gain is scaled by the share of rows that
 returned a draft (the forward is as wide for all), and once the rows have drafted, `cut` picks the k that pays for
 the drafts actually returned.
@@ -22,25 +22,16 @@ from __future__ import annotations
 
 import torch
 
-from bench.costmodel import Profile, best_size
-from bench.engine import start_drafter
-from bench.timing import device_time
-from bench.tree import DraftTree
-
-
-def first_nodes(tree: DraftTree, k: int) -> DraftTree:
-    """The tree of the first k nodes (and every auxiliary node)."""
-    if k >= len(tree):
-        return tree
-    probs = None if tree.draft_probs is None else tree.draft_probs[:k]
-    return DraftTree(tree.tokens[:k], tree.parents[:k], probs, tree.siblings, tree.aux_tokens, tree.aux_depths,
-                     tree.aux_mask)
+from bench.engine.drafter import Drafter, start_drafter
+from bench.engine.timing import device_time
+from bench.engine.tree import DraftTree, first_nodes
+from bench.planning.costmodel import Profile, best_size
 
 
 class SpeculationPlanner:
     """How many draft nodes the next step should verify (see module doc): the run's per-node acceptance counts, the
     drafting time per step and the profile of the target's forward at the batch size being decoded. The batch-1
-    wrapper `AutoBudget` and the batched engine's `batch_policy=adaptive` (bench/batched.py) both ask it."""
+    wrapper `AutoBudget` and the batched engine's `batch_policy=adaptive` (bench/engine/batched.py) both ask it."""
 
     def __init__(self, profile: Profile, probe_share: float = 0.03, warmup_steps: int = 4,
                  prior: tuple[float, float] = (0.1, 1.0), masked_steps: bool = False):
@@ -138,15 +129,14 @@ class SpeculationPlanner:
                 self.hits[row - 1] += 1
 
 
-class AutoBudget:
+class AutoBudget(Drafter):
     """A drafter that verifies as much of another drafter's tree as the cost model says pays (see module doc)."""
 
     def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
                  warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0), clock=None):
         self.inner, self.device, self.clock = drafter, device, clock  # clock: for drafting seconds (tests fake it)
         self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior)
-        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
-        self.artifact = getattr(drafter, "artifact", None)
+        self.feature_layers, self.samples, self.artifact = drafter.feature_layers, drafter.samples, drafter.artifact
 
     @property
     def plans(self) -> list[int | None]:

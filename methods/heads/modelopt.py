@@ -12,7 +12,7 @@ does) writes a model folder instead: config.json, the weights with `medusa_heads
 `modelopt_state.pth` (the modes only).
 
 - `python -m bench.train method=medusa train.backend=modelopt`: converts the target and trains only its heads on
-  the shared cached features (methods/training.py), with the loss ModelOpt's forward computes under
+  the shared cached features (methods/heads/training.py), with the loss ModelOpt's forward computes under
   freeze_base_model=True (0.2 x sum_k 0.8^k CE_k, labels = the target's own next tokens), then writes
   `<train.modelopt.out_dir>/modelopt_medusa.pth` with `mto.save`, and card.json.
 - `load_modelopt_medusa(path, target)`: that file (or its folder), any file `mto.save` wrote, or a Hugging Face
@@ -31,9 +31,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from bench.models import MissingArtifactError
-from methods.heads import DraftVocabulary
-from methods.medusa import MedusaHeads, MedusaRecipe
+from bench.errors import MissingArtifactError
+from methods.heads.common import DraftVocabulary
+from methods.heads.medusa_heads import MedusaHeads, MedusaRecipe
 
 SAVED_FILE = "modelopt_medusa.pth"  # what train.backend=modelopt writes with mto.save (methods/medusa.py detects it)
 HF_STATE_FILE = "modelopt_state.pth"  # ModelOpt's Hugging Face checkpointing, beside save_pretrained's weights
@@ -162,7 +162,7 @@ def _version() -> str:
 def train_modelopt_medusa(cfg: DictConfig) -> Path:
     """`python -m bench.train method=medusa train.backend=modelopt`: the shared trainer with ModelOptMedusaRecipe,
     writing to train.modelopt.out_dir (never over the native heads) and resuming from train.modelopt.checkpoint."""
-    from methods.training import train_heads
+    from methods.heads.training import train_heads
 
     if cfg.method.name != "medusa":
         raise ValueError(f"train.backend=modelopt trains Medusa only, not method={cfg.method.name}")

@@ -1,0 +1,50 @@
+"""Where the project and its artifacts live: the project root, the cache directory, artifact paths (local folder or
+hub id), installed data packages, and artifact fingerprints for run keys."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from bench.errors import MissingArtifactError
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_artifact_path(path: str | Path) -> Path | None:
+    """A local artifact folder (absolute, or relative to the project root, not the cwd); None for a hub id."""
+    path = Path(path)
+    local = path if path.is_absolute() else PROJECT_ROOT / path
+    if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
+        return local
+    return None
+
+
+def package_dir(package: str, install_hint: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingArtifactError(f"package '{package}' is not installed; fix: {install_hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def artifact_fingerprint(path: str | Path) -> str:
+    """A short hash identifying a local artifact folder (draft weights, datastore): its file names and sizes and the
+    contents of its JSON files (card, config, meta). A path that is not a local folder (a hub id) is returned as is.
+    Run keys include it, so a run resumed after its artifact was rebuilt refuses to mix old and new answers."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return str(path)
+    digest = hashlib.sha256()
+    for file in sorted(f for f in folder.iterdir() if f.is_file()):
+        digest.update(f"{file.name}:{file.stat().st_size}\n".encode())
+        if file.suffix == ".json":
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """Where derived files (dequantized models, datastores) live: $SPECBENCH_CACHE or ~/.cache/specbench."""
+    return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")

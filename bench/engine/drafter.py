@@ -1,0 +1,78 @@
+"""What a drafter is to the engine (the Drafter contract), what it learns after each step, and its seed."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from bench.engine.acceptance import Acceptance
+from bench.engine.tree import DraftTree
+
+
+@dataclass
+class StepResult:
+    """What a drafter learns after a verification step."""
+
+    tree: DraftTree | None
+    logits: torch.Tensor  # [L, vocab] target logits for root, nodes, aux nodes
+    acceptance: Acceptance
+    hidden: torch.Tensor | None = None  # [L, F] target features of the same rows, for drafters with feature_layers
+
+
+class Drafter:
+    """The contract between a method's proposer and the engine: subclass it and override what the method does.
+    `context` is every token so far: prompt, generated tokens and the current root; `budget` is the most tokens the
+    turn still takes (a chain drafter need not propose more).
+
+    What a drafter declares (class or instance attributes), and what the engine then gives it:
+    - `feature_layers`: indices into transformers' `hidden_states` (-1: the last layer after the final norm, what
+      the LM head sees) for a drafter that drafts from the target's own hidden states (Medusa, EAGLE, Hydra). The
+      engine hands it the target's features, concatenated over those layers, on the device and without a second
+      forward: `start(prompt_ids, hidden=[P, F])` for the prompt and `StepResult.hidden` for each verified step.
+      Drafters without `feature_layers` get neither and cost nothing extra.
+    - `samples`: the drafter draws random numbers (SpS, EAGLE under sampling). It is built with the run's
+      SamplingConfig (`sampling=`) and started with `start(prompt_ids, seed=...)`: `drafter_seed(turn seed)`, a value
+      derived from the seed the turn is decoded with and apart from the engine's own acceptance stream, or None
+      when the turn has no seed. The drafter seeds its own generator with it at every start(), so a turn's drafts
+      depend on that turn's seed alone: the same seed gives the same tokens on a repeat, in any question order, and
+      in every row of a batch (each row gets its own row's seed).
+    - `artifact`: a fingerprint of the weights or datastore it drafts with (bench.artifacts.artifact_fingerprint),
+      part of the run key, so answers made with another artifact are never mixed in; None when it uses none.
+    """
+
+    feature_layers: tuple[int, ...] = ()
+    samples: bool = False
+    artifact: str | None = None
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """A new turn begins after `prompt_ids` (with `hidden=` and `seed=` as declared above)."""
+
+    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        return None
+
+    def update(self, step: StepResult) -> None:
+        """What the last verification step accepted."""
+
+
+def drafter_seed(seed: int | None) -> int | None:
+    """The seed of a drafter's own random stream in a turn decoded with `seed` (None: none): a hash of it, so that
+    the drafter's draws are apart from the engine's acceptance stream (seeded with `seed` itself) and from every
+    other turn's."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"drafter stream {seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2**63: any torch or numpy generator takes it
+
+
+def start_drafter(drafter: Drafter, prompt_ids: list[int], hidden: torch.Tensor | None, seed: int | None) -> None:
+    """drafter.start() with what the Drafter contract gives it: features when it declares `feature_layers`, and
+    `seed` (already a drafter seed) when it declares that it `samples`."""
+    extra = {"hidden": hidden} if drafter.feature_layers else {}
+    if drafter.samples:
+        extra["seed"] = seed
+    drafter.start(list(prompt_ids), **extra)
+
+
+class NoDrafter(Drafter):
+    """Vanilla decoding: proposes nothing, so each step is one target forward for one token."""

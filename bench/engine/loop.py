@@ -1,0 +1,164 @@
+"""The one decode loop every method shares: propose a token tree, verify it in one target forward, accept, compact.
+
+Step by step (gpt-fast's shape, generalised to trees):
+  1. prefill the prompt; the target picks the first token (the root of the next tree);
+  2. the drafter proposes a DraftTree under the root (or nothing: plain autoregressive decoding);
+  3. one target forward over [root, nodes..., aux...] with tree attention and depth-based positions;
+  4. the acceptance rule picks the longest valid path and the bonus token after it;
+  5. the KV cache keeps the past, the root and the accepted nodes; the bonus token becomes the next root.
+
+Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, draft, verify, accept; on CUDA from
+events recorded at each boundary and read after the turn, see PhaseTimer) and how many tokens each verification
+forward carried (`TurnOutput.verified_tokens`), which the cost model (bench/planning/costmodel.py) turns into a predicted
+speedup.
+
+The batched engine (bench/engine/batched.py) runs the same steps for B rows and shares their code with this one:
+`target_forward` (logits and the drafter's features), `open_turn` and `record_step` (a row's bookkeeping),
+`real_tree` and `start_drafter` (bench/engine/drafter.py); what differs is only what B rows need (one padded
+forward, per-row masks and acceptance, a batch cache).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from bench.engine.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
+from bench.engine.drafter import Drafter, NoDrafter, StepResult, drafter_seed, start_drafter
+from bench.engine.kvcache import attention_windows, host_to_device, keep_accepted_kv, new_cache, tree_attention_mask
+from bench.engine.sampling import SamplingConfig, pick_token
+from bench.engine.timing import Clock, PhaseTimer
+from bench.engine.tree import DraftTree, real_tree
+
+@dataclass
+class StopCondition:
+    """Stops exactly where vanilla decoding stops: an EOS token (kept), a stop string, or max_new_tokens."""
+
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: object = None
+
+    def extend(self, generated: list[int], new_tokens: list[int]) -> bool:
+        """Append new_tokens to generated up to the stopping point; True when generation is over."""
+        for token in new_tokens:
+            generated.append(token)
+            if token in self.eos_token_ids or len(generated) >= self.max_new_tokens or self._hit_stop_string(generated):
+                return True
+        return False
+
+    def _hit_stop_string(self, generated: list[int]) -> bool:
+        if not self.stop_strings:
+            return False
+        tail = self.tokenizer.decode(generated[-16:])
+        return any(s in tail for s in self.stop_strings)
+
+
+@dataclass
+class TurnOutput:
+    tokens: list[int]
+    accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
+    verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
+    tree_steps: list[bool] = field(default_factory=list)  # per decode step: its forward took a tree mask
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+
+def target_forward(model, feature_layers: tuple[int, ...], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target logits [B, L, vocab] and, when a drafter declares `feature_layers`, its features [B, L, F] (those
+    layers' hidden states, concatenated)."""
+    if not feature_layers:
+        return model(**inputs).logits, None
+    out = model(**inputs, output_hidden_states=True)
+    parts = [out.hidden_states[i] for i in feature_layers]
+    return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def open_turn(prompt_ids: list[int], root: int, stop: StopCondition) -> tuple[TurnOutput, list[int], bool]:
+    """A row's turn after its prefill picked `root` (one accepted token): its output, its context (prompt + root)
+    and whether it is already over."""
+    out = TurnOutput(tokens=[], accept_lengths=[1])
+    done = stop.extend(out.tokens, [root])
+    return out, list(prompt_ids) + [root], done
+
+
+def record_step(out: TurnOutput, context: list[int], stop: StopCondition, acceptance: Acceptance,
+                verified: int) -> bool:
+    """Book one verified step of a row: its accepted tokens up to the stop, how many, and the `verified` inputs of
+    its forward; the context grows by every accepted token. True when the turn is over."""
+    before = len(out.tokens)
+    done = stop.extend(out.tokens, acceptance.tokens)
+    out.accept_lengths.append(len(out.tokens) - before)
+    out.verified_tokens.append(verified)
+    context.extend(acceptance.tokens)
+    return done
+
+
+class SpeculativeEngine:
+    """Runs draft-then-verify decoding of one prompt with any Hugging Face causal LM."""
+
+    def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig(),
+                 clock: Clock | None = None, event: Callable | None = None):
+        self.model = model
+        self.drafter = drafter or NoDrafter()
+        self.sampling = sampling
+        self.clock, self.event = clock, event  # the phase timer's (PhaseTimer); tests inject fakes
+        self.device = model.device
+        self._windows = attention_windows(model)  # refuses models whose cache cannot be cut back
+        self.feature_layers = tuple(self.drafter.feature_layers)
+
+    def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """target_forward of the one row: logits [L, vocab], features [L, F] or None."""
+        logits, hidden = target_forward(self.model, self.feature_layers, **inputs)
+        return logits[0], None if hidden is None else hidden[0]
+
+    def _accept(self, logits: torch.Tensor, tree: DraftTree | None, generator) -> Acceptance:
+        if self.sampling.greedy:
+            return greedy_accept(logits, tree)
+        return speculative_sampling_accept(logits, tree, self.sampling, generator)
+
+    def _verify_inputs(self, root: int, tree: DraftTree | None, past_len: int) -> dict:
+        """input_ids, and for real trees explicit positions and 4-D additive masks [1, 1, L, past + L]; built on
+        the device from the tree's cached device tensors, with no host sync."""
+        if tree is None:
+            return {"input_ids": host_to_device([[root]], self.device, torch.long)}
+        inputs = {"input_ids": tree.input_ids(root, self.device)[None]}
+        if not tree.is_chain:  # chains use the model's own causal mask
+            local, offsets = tree.on_device(self.device)
+            inputs["attention_mask"] = tree_attention_mask(local, offsets, past_len, self._windows,
+                                                           self.model.dtype)
+            inputs["position_ids"] = (offsets + past_len).unsqueeze(0)
+        return inputs
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
+        """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        timer = PhaseTimer(self.device, self.clock, self.event)
+        cache = new_cache()
+        prompt = torch.tensor([prompt_ids], device=self.device)
+        logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
+        root = pick_token(logits[-1], self.sampling, generator)
+        out, context, done = open_turn(prompt_ids, root, stop)
+        start_drafter(self.drafter, prompt_ids, hidden, drafter_seed(seed))
+        timer.lap("prefill")
+        while not done:
+            tree = real_tree(self.drafter.propose(context, stop.max_new_tokens - len(out.tokens)))
+            past_len = cache.get_seq_length()
+            inputs = self._verify_inputs(root, tree, past_len)
+            timer.lap("draft")
+            logits, hidden = self._forward(**inputs, cache=cache)
+            timer.lap("verify")
+            acceptance = self._accept(logits, tree, generator)
+            keep_accepted_kv(cache, past_len, acceptance.rows)
+            self.drafter.update(StepResult(tree, logits, acceptance, hidden))
+            done = record_step(out, context, stop, acceptance, inputs["input_ids"].shape[1])
+            root = acceptance.tokens[-1]
+            out.tree_steps.append("attention_mask" in inputs)  # the profile's tree point, not its chain point
+            timer.lap("accept")
+        out.phase_seconds = timer.seconds
+        return out

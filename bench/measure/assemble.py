@@ -1,0 +1,60 @@
+"""A run's parts from its config: the method's drafter (Hydra `_target_` plus knobs), its engine (batch 1 or
+batched, sized by the planner when the run asks for it) and the question decoders of the method and of vanilla."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hydra.utils
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from bench.engine.batched import BATCH_PROBE_SHARE, BatchedEngine
+from bench.engine.drafter import Drafter
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import SamplingConfig
+from bench.measure.decoding import BatchQuestionDecoder, QuestionDecoder
+from bench.planning.costmodel import Profile
+from bench.planning.policy import AutoBudget, SpeculationPlanner
+
+
+def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingConfig) -> Drafter | None:
+    """The method's drafter from `method.drafter` (`_target_` plus knobs), given the run's sampling when it declares
+    that it `samples` (bench/engine/drafter.py); None for vanilla."""
+    if method_cfg.get("drafter") is None:
+        return None
+    knobs = OmegaConf.to_container(method_cfg.drafter, resolve=True)
+    cls = hydra.utils.get_class(knobs.pop("_target_"))
+    if cls.samples:
+        knobs["sampling"] = sampling
+    return cls(target=model, tokenizer=tokenizer, **knobs)
+
+
+@dataclass
+class DecoderParts:
+    """What every question decoder of a run shares besides its engine."""
+
+    tokenizer: object
+    stop: StopCondition
+    device: torch.device
+    context: int | None  # the model's context window
+    repeats: int
+    energy: object = None  # joules per turn (bench.measure.gpu.GpuMonitor.energy_joules), where NVML can tell
+
+    def decoder(self, engine, batched: bool) -> QuestionDecoder:
+        kind = BatchQuestionDecoder if batched else QuestionDecoder
+        return kind(engine, self.tokenizer, self.stop, self.device, self.context, self.repeats, self.energy)
+
+
+def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: Profile | None, batch: int,
+             plain: SpeculativeEngine, parts: DecoderParts) -> tuple[QuestionDecoder, QuestionDecoder]:
+    """The method's question decoder and vanilla's (the same one for vanilla itself). With a `profile`, speculation
+    is sized by the planner: at batch 1 the drafter is wrapped in AutoBudget, above it the batched engine asks the
+    planner each step. `plain` is vanilla's batch-1 engine."""
+    is_vanilla = drafter is None
+    if batch == 1:
+        sized = drafter if profile is None else AutoBudget(drafter, profile, parts.device)
+        decode = parts.decoder(SpeculativeEngine(model, sized, sampling), batched=False)
+        return decode, decode if is_vanilla else parts.decoder(plain, batched=False)
+    planner = None if profile is None else SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE)
+    decode = parts.decoder(BatchedEngine(model, drafter, sampling, planner), batched=True)
+    return decode, decode if is_vanilla else parts.decoder(BatchedEngine(model, None, sampling), batched=True)

@@ -1,0 +1,72 @@
+"""What a run's meta.json says about where its numbers come from: config, code version, software, hardware, and
+whether the machine starved it."""
+from __future__ import annotations
+
+import math
+import platform
+import resource
+import socket
+import subprocess
+import time
+
+import pandas as pd
+import torch
+import transformers
+from omegaconf import DictConfig, OmegaConf
+
+from bench.artifacts import PROJECT_ROOT
+from bench.measure.contention import available_cores, is_starved
+from bench.measure.gpu import GpuMonitor
+from bench.planning.profile import device_name
+from bench.records import config_key
+
+
+def run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str, str]:
+    """(vanilla baseline's key, the method's key): hashes of what decides their outputs (model, device, generation
+    settings, seed, question source; for the method also its config and its drafter's artifact)."""
+    gen = OmegaConf.to_container(cfg.gen, resolve=True)
+    if gen.get("batch_size") == 1:
+        del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
+    setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
+               "seed": cfg.seed,
+               "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
+    method_setting = OmegaConf.to_container(cfg.method)
+    if method_setting.get("batch_policy") == "always":
+        del method_setting["batch_policy"]  # as batch-1 runs were keyed before batching existed
+    artifact = None if drafter is None else drafter.artifact  # drafts' weights or datastore
+    return config_key(**setting), config_key(**setting, method=method_setting, artifact=artifact)
+
+
+def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: GpuMonitor) -> dict:
+    """What a reader needs to trust or reproduce the numbers: config, code version, software, hardware."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=PROJECT_ROOT, capture_output=True,
+                                    text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = None, None
+    return {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": cfg.model.dtype,
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **gpu.report(),
+    }
+
+
+def starvation_facts(summary: pd.DataFrame | None, threshold: float) -> dict:
+    """meta.json's starvation keys from the overall row: cpu_share and starved (null where they do not apply)."""
+    share = math.nan if summary is None else float(summary.cpu_share.iloc[-1])
+    return {"cpu_cores": available_cores(), "cpu_share": None if math.isnan(share) else round(share, 4),
+            "starved": is_starved(share, threshold)}

@@ -1,0 +1,184 @@
+"""`python -m bench.profile model=<m> [device=...] [gen.batch_size=B] [profile.force=true]`: measure the target's
+forward time t(L, c).
+
+Times one target forward over L = profile.lengths new tokens after profile.contexts cached tokens, for
+gen.batch_size sequences at once (median of profile.repeats), on the device, dtype and torch threads a run would
+use, both as a chain (the model's own causal mask) and as a tree step (a tree-shaped 4-D mask), and stores it as
+JSON in profile.dir keyed by that setting (bench/planning/costmodel.py: `seconds` and `tree_seconds`, named in
+`point_kinds`). Runs read it for their
+predicted speedup; `method.budget=auto` and `method.batch_policy=adaptive` make it when missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
+"""
+from __future__ import annotations
+
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from bench.engine.kvcache import attention_windows, new_cache, tree_attention_mask
+from bench.engine.timing import device_time
+from bench.engine.tree import DraftTree
+from bench.models import context_window, load_model, resolve_device
+from bench.planning.costmodel import POINT_KINDS, Profile, ProfileError, profile_path
+
+
+def batch_size(cfg: DictConfig) -> int:
+    return int(cfg.gen.get("batch_size", 1))
+
+
+def find_profile(cfg: DictConfig, device: torch.device) -> Profile:
+    """The stored profile for this run's setting (at gen.batch_size); ProfileError (with the command that makes it)
+    otherwise."""
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
+    return Profile.load(profile_path(cfg.profile.dir, setting), setting,
+                        profile_command(cfg.model.name, device, setting["threads"], batch_size(cfg)))
+
+
+def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
+    """Measure and store the profile for this setting (progress bar on stderr); returns it."""
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
+    lengths = sorted(set(int(n) for n in cfg.profile.lengths))
+    window = context_window(model)
+    contexts = sorted(set(int(c) for c in cfg.profile.contexts
+                          if window is None or c + max(lengths) <= window))
+    if not contexts:
+        raise ProfileError(f"no profile.contexts fit in the model's context window of {window} tokens")
+    with tqdm(total=cfg.profile.repeats, desc=f"profiling {cfg.model.name}", unit="round", dynamic_ncols=True) as bar:
+        seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar,
+                                        batch=batch_size(cfg))
+    profile = Profile(setting, lengths, contexts, seconds["chain"], cfg.profile.repeats,
+                      time.strftime("%Y-%m-%dT%H:%M:%S"), seconds["tree"], POINT_KINDS)
+    profile.save(profile_path(cfg.profile.dir, setting))
+    return profile
+
+
+def profile_for_run(cfg: DictConfig, model, device: torch.device, make: bool) -> Profile | None:
+    """The run's profile: the stored one; if none fits, a new one when `make`, else None."""
+    try:
+        return find_profile(cfg, device)
+    except ProfileError as err:
+        if not make:
+            print(f"note: {err} (predicted speedups are left out)", file=sys.stderr)
+            return None
+        print(f"note: {err}; measuring it now", file=sys.stderr)
+        return make_profile(cfg, model, device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.config import compose_config
+
+    cfg = compose_config(*(sys.argv[1:] if argv is None else argv))
+    device = resolve_device(cfg.device)
+    if not cfg.profile.force:
+        try:
+            profile = find_profile(cfg, device)
+            print(f"a profile for this setting exists ({profile.measured}); profile.force=true remakes it")
+            print_profile(profile)
+            return
+        except ProfileError:
+            pass
+    model, _ = load_model(cfg.model, device)
+    print_profile(make_profile(cfg, model, device))
+
+
+def print_profile(profile: Profile) -> None:
+    setting = profile.setting
+    batch = f"batch {setting['batch']}, " if "batch" in setting else ""
+    print(f"t(L) in ms per context, chains and tree steps ({batch}{setting['model']}, {setting['device_name']}, "
+          f"{setting['dtype']}, threads {setting['threads']}):")
+    tables = {"chain": profile.seconds, "tree": profile.tree_seconds}
+    for kind, table in tables.items():
+        if table is not None:
+            print(f"{kind:<7} " + " ".join(f"{'L=' + str(n):>8}" for n in profile.lengths))
+            for context, row in zip(profile.contexts, table):
+                print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))
+    print("t(L)/t(1) at the shortest context: " + " ".join(f"{r:.2f}" for r in profile.relative()))
+
+
+if __name__ == "__main__":
+    main()
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
+        name = names[0] if names else name
+    return name
+
+
+def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
+    """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
+    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before)."""
+    return {**({"batch": batch} if batch > 1 else {}),
+            "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
+            "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
+            "device": device.type, "device_name": device_name(device),
+            "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1) -> str:
+    parts = [f"python -m bench.profile model={model_name}", f"device={device}"]
+    if batch > 1:
+        parts.append(f"gen.batch_size={batch}")
+    if device.type != "cuda" and threads:
+        parts.insert(0, f"OMP_NUM_THREADS={threads}")
+    return " ".join(parts)
+
+
+def tree_step_inputs(model, length: int, context: int, batch: int) -> dict:
+    """position_ids and the additive 4-D mask of a tree step over `length` inputs (the root and a binary tree of
+    length - 1 nodes under it) after `context` cached tokens, for `batch` rows alike, as the engines build them."""
+    tree = DraftTree([0] * (length - 1), [i // 2 - 1 for i in range(length - 1)])
+    offsets = tree.position_offsets.to(model.device)
+    mask = tree_attention_mask(tree.local_mask, offsets, context, attention_windows(model), model.dtype)
+    rows = lambda m: m.expand(batch, -1, -1, -1)  # noqa: E731
+    return {"position_ids": (offsets + context).expand(batch, -1),
+            "attention_mask": {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)}
+
+
+@torch.inference_mode()
+def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5, progress=None,
+                          batch: int = 1, kinds: tuple[str, ...] = ("chain", "tree"),
+                          clock=None) -> dict[str, list[list[float]]]:
+    """{kind: table}: median seconds of a forward over L new tokens (all logits, as a verification step computes
+    them) after a cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch`
+    sequences at once; "chain" with the model's own causal mask, "tree" with a tree-shaped 4-D mask
+    (`tree_step_inputs`). Repeats go round-robin over all the points of every kind (after one untimed round), so
+    that a machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read
+    once the device is done: bench/engine/timing.py device_time), replaced in tests."""
+    device = model.device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    ids, caches = [], []
+    for context in contexts:
+        ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(device))
+        caches.append(new_cache())
+        model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
+    extra = {kind: [[tree_step_inputs(model, n, c, batch) if kind == "tree" else {} for n in lengths]
+                    for c in contexts] for kind in kinds}
+    times = {kind: [[[] for _ in lengths] for _ in contexts] for kind in kinds}
+    for repeat in range(repeats + 1):
+        for kind in kinds:
+            for i, context in enumerate(contexts):
+                for j, length in enumerate(lengths):
+                    start = device_time(device, clock)
+                    model(input_ids=ids[i][:, context : context + length], cache=caches[i], **extra[kind][i][j])
+                    elapsed = device_time(device, clock) - start
+                    caches[i].crop(-length)
+                    if repeat:
+                        times[kind][i][j].append(elapsed)
+        if progress is not None and repeat:
+            progress.update(1)
+    return {kind: [[statistics.median(point) for point in row] for row in table] for kind, table in times.items()}

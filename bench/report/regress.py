@@ -1,0 +1,278 @@
+"""`python -m bench.regress PATH --baseline FILE`: fail when runs regressed against a committed baseline.
+
+PATH is a run folder, a results folder (searched recursively, as `bench.report` does) or a report folder (its
+leaderboard.csv is read). FILE is a JSON baseline, e.g. results/baselines/smollm2_135m-cpu.json, holding per
+method x task: n_questions, mean_accepted_tokens, exact_match, speedup. Exit status 1 (with one line per problem
+naming the method and task) when:
+- any method's greedy output differs from vanilla's on a question, except where the first differing token was a
+  numeric tie (the target's top-2 logits within model.tie_margin; bench.measure.exactness records it): batched verification and
+  one-token decoding may round such a tie either way, so a tie is accepted and only counted;
+- mean accepted tokens falls below the baseline by more than --mat-tolerance (relative, default 2%);
+- speedup falls below the baseline by more than --speedup-tolerance (relative, default 30%: timings are noisy),
+  and so does the top of its 95% interval (bench.measure.metrics): a noisy run whose interval still reaches the floor
+  is a note, a real loss fails. Runs without an interval (one question, or older files) use the point figure;
+- a method x task of the baseline is missing from PATH (unless --allow-missing) or ran on another number of questions.
+A run timed while starved of CPU (bench.measure.contention) is named in a note.
+`--update` writes the baseline from PATH instead (merging into an existing file), after the exact-match check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report.tables import is_flagged, leaderboard
+from bench.report.runs import load_runs
+
+DEFAULT_TOLERANCES = {"mean_accepted_tokens": 0.02, "speedup": 0.30}
+NEWER_COLUMNS = ["speedup_ci_low", "speedup_ci_high", "cpu_share", "starved"]  # absent from older leaderboards
+
+
+class RegressError(Exception):
+    """PATH or FILE cannot be compared at all (no runs, no baseline, ambiguous setting); exit status 2."""
+
+
+@dataclass
+class Finding:
+    failed: bool
+    method: str
+    task: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{'FAIL' if self.failed else 'note'}  {self.method} / {self.task}: {self.message}"
+
+
+def current_board(path: Path) -> pd.DataFrame:
+    """The long leaderboard (one row per setting x method x task) of a report folder or of the runs under path."""
+    path = Path(path)
+    if (path / "leaderboard.csv").exists():
+        board = pd.read_csv(path / "leaderboard.csv", keep_default_na=True, dtype={"diverged_questions": str})
+    else:
+        runs = load_runs(path)
+        if runs.empty:
+            raise RegressError(f"no runs (answers.jsonl + meta.json) and no leaderboard.csv under {path}")
+        board = leaderboard(runs)
+    if board.empty:
+        raise RegressError(f"the leaderboard under {path} has no rows")
+    board = board.reindex(columns=[*board.columns, *(c for c in NEWER_COLUMNS if c not in board.columns)])
+    board["device"] = board.device.astype(str).str.split(":").str[0]
+    board["diverged_questions"] = board.diverged_questions.fillna("").astype(str)
+    return board
+
+
+def _setting_of(row) -> dict:
+    return {"model": str(row["model"]), "device": str(row["device"]), "dtype": str(row["dtype"]),
+            "max_new_tokens": int(row["max_new_tokens"]), "temperature": float(row["temperature"])}
+
+
+def rows_for_setting(board: pd.DataFrame, setting: dict | None) -> pd.DataFrame:
+    """The rows measured under `setting` (model, device type, dtype, max_new_tokens, temperature); one device only."""
+    keys = board.apply(lambda row: json.dumps(_setting_of(row), sort_keys=True), axis=1)
+    settings = set(keys)
+    if setting is None:
+        if len(settings) != 1:
+            raise RegressError("the runs hold several settings, so which one the baseline is for is ambiguous: "
+                               + "; ".join(sorted(settings)) + ". Point PATH at runs of one setting.")
+        setting = json.loads(next(iter(settings)))
+    rows = board[keys == json.dumps(_setting_of(setting), sort_keys=True)]
+    if rows.empty:
+        raise RegressError(f"no runs with the baseline's setting {json.dumps(setting, sort_keys=True)}; the runs have: "
+                           + "; ".join(sorted(settings)))
+    if rows.device_name.nunique() > 1:
+        raise RegressError(f"runs of the baseline's setting come from several devices "
+                           f"({sorted(rows.device_name.unique())}); point PATH at the runs of one machine")
+    return rows
+
+
+def _nan(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def exact_match_findings(rows: pd.DataFrame) -> list[Finding]:
+    """Every method x task whose greedy outputs differ from vanilla's beyond numeric ties; ties are noted."""
+    findings = []
+    for row in rows[rows.task != "overall"].itertuples():
+        if _nan(row.exact_match_or_tie):  # sampling: no exact match to check
+            continue
+        if row.exact_match_or_tie < 1.0:
+            findings.append(Finding(True, row.method, row.task,
+                                    f"output differs from vanilla beyond a numeric tie on question(s) "
+                                    f"{row.diverged_questions.replace(';', ', ')} (exact_match {row.exact_match:.3f}, "
+                                    f"{int(row.numeric_ties)} numeric tie(s) accepted)"))
+        elif row.numeric_ties:
+            findings.append(Finding(False, row.method, row.task,
+                                    f"{int(row.numeric_ties)} question(s) differ from vanilla at a numeric tie only "
+                                    f"(accepted; exact_match {row.exact_match:.3f})"))
+    return findings
+
+
+def compare(rows: pd.DataFrame, baseline: dict, tolerances: dict,
+            allow_missing: bool | Collection[str] = False) -> list[Finding]:
+    """Findings of the current rows (one setting) against the baseline's methods; failed ones make regress fail.
+    allow_missing: True, or the methods that may be absent (a smoke run that skipped them), without failing."""
+    findings = exact_match_findings(rows)
+    current = {(r.method, r.task): r for r in rows.itertuples()}
+    mat_tol, speed_tol = tolerances["mean_accepted_tokens"], tolerances["speedup"]
+    for method, tasks in baseline.get("methods", {}).items():
+        for task, expected in tasks.items():
+            row = current.get((method, task))
+            if row is None:
+                allowed = allow_missing if isinstance(allow_missing, bool) else method in allow_missing
+                findings.append(Finding(not allowed, method, task, "in the baseline but not in these runs"))
+                continue
+            if expected.get("n_questions") is not None and int(row.n_questions) != int(expected["n_questions"]):
+                findings.append(Finding(True, method, task, f"ran on {int(row.n_questions)} questions, the baseline "
+                                        f"on {int(expected['n_questions'])}: not comparable (same task.limit, or "
+                                        f"--update)"))
+                continue
+            mat = row.mean_accepted_tokens
+            findings += drop_findings(method, task, "mean accepted tokens", expected.get("mean_accepted_tokens"),
+                                      (mat, mat, mat), mat_tol)
+            interval = (row.speedup_ci_low, row.speedup_ci_high)
+            if any(_nan(v) for v in interval):  # one question, or a leaderboard written before intervals
+                interval = (row.speedup, row.speedup)
+            findings += drop_findings(method, task, "speedup", expected.get("speedup"),
+                                      (row.speedup, *interval), speed_tol)
+    for row in rows[(rows.task == "overall") & rows.starved.map(is_flagged)].itertuples():
+        findings.append(Finding(False, row.method, "overall", f"timed while starved of CPU (CPU share "
+                                                              f"{row.cpu_share:.0%}): its speedups are not to be trusted"))
+    for method in sorted(set(rows.method) - set(baseline.get("methods", {}))):
+        findings.append(Finding(False, method, "*", "not in the baseline (add it with --update)"))
+    return findings
+
+
+def drop_findings(method: str, task: str, name: str, want: float | None, got: tuple[float, float, float],
+                  tolerance: float) -> list[Finding]:
+    """`got` = (figure, interval low, interval high) against the baseline's `want`: a failure when even the
+    interval's top lies below want x (1 - tolerance); a note when the figure alone does (a noisy run) or when the
+    whole interval lies above want x (1 + tolerance). A figure without an interval passes (got, got, got)."""
+    value, low, high = got
+    if _nan(want) or _nan(value):
+        return []
+    floor = want * (1 - tolerance)
+    drop = f"{name} {value:.3f} < baseline {want:.3f} by {1 - value / want:.1%}"
+    limits = f"(tolerance {tolerance:.0%}, floor {floor:.3f})"
+    has_interval = (low, high) != (value, value)
+    if high < floor - 1e-9:
+        also = f", and all of its 95% interval {low:.3f}-{high:.3f} lies below the floor" if has_interval else ""
+        return [Finding(True, method, task, f"{drop}{also} {limits}")]
+    if value < floor - 1e-9:
+        return [Finding(False, method, task, f"{drop}, but its 95% interval {low:.3f}-{high:.3f} reaches the floor "
+                                             f"{limits}: a noisy run, not failed")]
+    if low > want * (1 + tolerance) + 1e-9:
+        return [Finding(False, method, task, f"{name} {value:.3f} > baseline {want:.3f} by {value / want - 1:.1%}: "
+                                             f"refresh it with --update?")]
+    return []
+
+
+def baseline_entries(rows: pd.DataFrame) -> dict:
+    entries: dict[str, dict] = {}
+    for row in rows.itertuples():
+        entries.setdefault(row.method, {})[row.task] = {
+            "n_questions": int(row.n_questions),
+            "mean_accepted_tokens": round(float(row.mean_accepted_tokens), 4),
+            "exact_match": None if _nan(row.exact_match) else round(float(row.exact_match), 4),
+            "speedup": None if _nan(row.speedup) else round(float(row.speedup), 4),
+        }
+    return entries
+
+
+def _relative(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it (baselines are committed; no home paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def update_baseline(path: Path, rows: pd.DataFrame, existing: dict | None, tolerances: dict, source: Path) -> dict:
+    first = rows.iloc[0]
+    baseline = {
+        "setting": _setting_of(first),
+        "tolerances": tolerances,
+        "provenance": {"device_name": str(first["device_name"]), "torch": str(first["torch"]),
+                       "transformers": str(first["transformers"]), "updated": time.strftime("%Y-%m-%d"),
+                       "source": _relative(source), "command": shlex.join(["python", *sys.orig_argv[1:]])},
+        "methods": {**(existing or {}).get("methods", {}), **baseline_entries(rows)},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(baseline, indent=2, sort_keys=False) + "\n")
+    return baseline
+
+
+def regress(path: Path, baseline_path: Path, mat_tolerance: float | None = None,
+            speedup_tolerance: float | None = None, allow_missing: bool | Collection[str] = False,
+            update: bool = False, out=None) -> int:
+    """Exit status: 0 passed (or baseline written), 1 regressed; RegressError when nothing is comparable."""
+    out = out or sys.stdout
+    existing = json.loads(baseline_path.read_text()) if baseline_path.exists() else None
+    if existing is None and not update:
+        raise RegressError(f"no baseline file {baseline_path}; write one from these runs with --update")
+    tolerances = {**DEFAULT_TOLERANCES, **(existing or {}).get("tolerances", {})}
+    if mat_tolerance is not None:
+        tolerances["mean_accepted_tokens"] = mat_tolerance
+    if speedup_tolerance is not None:
+        tolerances["speedup"] = speedup_tolerance
+    board = current_board(path)
+    rows = rows_for_setting(board, existing.get("setting") if existing else None)
+    setting = _setting_of(rows.iloc[0])
+    print(f"regress: {path} against {baseline_path} ({', '.join(f'{k}={v}' for k, v in setting.items())}; "
+          f"tolerances: mean accepted tokens {tolerances['mean_accepted_tokens']:.0%}, "
+          f"speedup {tolerances['speedup']:.0%})", file=out)
+    if update:
+        failures = [f for f in exact_match_findings(rows) if f.failed]
+        for finding in failures:
+            print(finding, file=out)
+        if failures:
+            print(f"regress: baseline NOT written: {len(failures)} method x task(s) differ from vanilla", file=out)
+            return 1
+        written = update_baseline(baseline_path, rows, existing, tolerances, path)
+        print(f"regress: wrote {baseline_path} ({len(written['methods'])} methods)", file=out)
+        return 0
+    findings = compare(rows, existing, tolerances, allow_missing)
+    for finding in sorted(findings, key=lambda f: (not f.failed, f.method, f.task)):
+        print(finding, file=out)
+    failed = sum(f.failed for f in findings)
+    checked = sum(len(t) for t in existing.get("methods", {}).values())
+    print(f"regress: {'FAILED' if failed else 'passed'}: {failed} problem(s); {checked} baseline method x task "
+          f"entries, {rows.method.nunique()} methods in the runs", file=out)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.regress", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("path", type=Path, help="a run folder, a results folder or a report folder")
+    parser.add_argument("--baseline", type=Path, required=True,
+                        help="baseline JSON, e.g. results/baselines/<model>-<device>.json")
+    parser.add_argument("--mat-tolerance", type=float, default=None,
+                        help=f"relative drop of mean accepted tokens allowed (default: the file's, else "
+                             f"{DEFAULT_TOLERANCES['mean_accepted_tokens']})")
+    parser.add_argument("--speedup-tolerance", type=float, default=None,
+                        help=f"relative drop of speedup allowed (default: the file's, else "
+                             f"{DEFAULT_TOLERANCES['speedup']})")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="a baseline method x task absent from PATH is a note, not a failure")
+    parser.add_argument("--update", action="store_true", help="write/merge the baseline from PATH instead of checking")
+    args = parser.parse_args(argv)
+    try:
+        status = regress(args.path, args.baseline, args.mat_tolerance, args.speedup_tolerance, args.allow_missing,
+                         args.update)
+    except RegressError as err:
+        print(f"regress: error: {err}", file=sys.stderr)
+        status = 2
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
