@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench import contention
+from bench.measure import contention
 from bench.measure.contention import cpu_share, is_starved, start_warnings, verdict
 
 

@@ -1,0 +1,181 @@
+"""The report's plots (matplotlib, drawn off screen): speedup by task, speedup vs #MAT, accepted-token histogram and
+positions, forward time, predicted vs measured speedup, batch-size sweeps."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.measure.metrics import ACCEPT_POSITIONS
+from bench.planning.costmodel import Profile
+from bench.report.tables import (MAT_COLUMN, OVERALL_COLUMN, POSITION_COLUMNS, VANILLA, swept_methods, task_headings,
+                                 wide_table)
+
+
+PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
+                 "forward_time", "batch_sweep"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _title(ax, title: str) -> None:
+    """A plot's title, wrapped at draw time so that it stays inside the figure however few bars it has."""
+    ax.set_title(title, fontsize=9, wrap=True)
+
+
+def _save(fig, path: Path) -> None:
+    """Lay out, write and close a figure (closing matters: reports draw many figures in one process)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def plot_speedup_by_task(board: pd.DataFrame, path: Path, title: str) -> None:
+    """Grouped bars, a group per task (and overall), a bar per method with its 95% interval as an error bar, and
+    the vanilla = 1.0 line."""
+    plt = _pyplot()
+    drafted = board[board.method != VANILLA]
+    headings = {**task_headings(drafted.task), "overall": OVERALL_COLUMN}
+    tasks = [t for t in headings if t in set(drafted.task)]
+    methods = list(wide_table(drafted).Method) if not drafted.empty else []
+    fig, ax = plt.subplots(figsize=(min(13.0, 3.0 + (0.5 + 0.22 * len(methods)) * len(tasks)), 4.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        rows = drafted[drafted.method == method].set_index("task").reindex(tasks)
+        xs = [t + (i - (len(methods) - 1) / 2) * width for t in range(len(tasks))]
+        errors = [(rows.speedup - rows.speedup_ci_low).fillna(0), (rows.speedup_ci_high - rows.speedup).fillna(0)]
+        ax.bar(xs, rows.speedup, width, yerr=errors, capsize=3, error_kw={"linewidth": 1}, label=method)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vanilla (1.0x)")
+    ax.set_xticks(range(len(tasks)))
+    ax.set_xticklabels([headings[t].replace(" ", "\n", 1) for t in tasks], fontsize=8)
+    ax.set_ylabel("speedup over vanilla (tokens/s ratio)\nbars: 95% interval over questions", fontsize=9)
+    _title(ax, title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _save(fig, path)
+
+
+def plot_speedup_vs_mat(table: pd.DataFrame, path: Path, title: str) -> None:
+    """One labelled point per method: overall speedup (with its 95% interval) against mean accepted tokens per
+    target forward."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    lows, highs = zip(*(intervals[OVERALL_COLUMN] for intervals in table._intervals)) if len(table) else ((), ())
+    errors = [(table[OVERALL_COLUMN] - lows).fillna(0), (highs - table[OVERALL_COLUMN]).fillna(0)]
+    ax.errorbar(table[MAT_COLUMN], table[OVERALL_COLUMN], yerr=errors, fmt="o", capsize=3, zorder=3)
+    for method, mat, speedup in zip(table.Method, table[MAT_COLUMN], table[OVERALL_COLUMN]):
+        ax.annotate(method, (mat, speedup), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xlabel("mean accepted tokens per target forward (#MAT)")
+    ax.set_ylabel("overall speedup over vanilla")
+    _title(ax, title)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def plot_accept_histogram(lengths: dict[str, list[int]], path: Path, title: str) -> None:
+    """A panel per method: the share of decode steps that added 1, 2, 3, ... tokens."""
+    plt = _pyplot()
+    methods = list(lengths)
+    cols = min(3, max(len(methods), 1))
+    rows = max(1, math.ceil(len(methods) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    top = max((max(v) for v in lengths.values() if v), default=1)
+    for ax, method in zip(axes.flat, methods):
+        values = lengths[method]
+        counts = pd.Series(values).value_counts(normalize=True).reindex(range(1, top + 1), fill_value=0)
+        ax.bar(counts.index, counts.values, color="tab:blue")
+        mean = sum(values) / len(values) if values else math.nan
+        ax.set_title(f"{method} ({len(values)} decode steps, mean {mean:.2f})", fontsize=9)
+        ax.set_xlabel("tokens per decode step", fontsize=8)
+        ax.set_ylabel("share of steps", fontsize=8)
+        ax.set_xticks(range(1, top + 1))
+    for ax in list(axes.flat)[len(methods):]:
+        ax.axis("off")
+    if not methods:
+        axes.flat[0].text(0.5, 0.5, "no drafting method in these runs", ha="center", va="center")
+    fig.suptitle(title, fontsize=9, wrap=True)
+    _save(fig, path)
+
+
+def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) -> None:
+    """Acceptance rate at draft positions 1..5 (share of decode steps accepting at least k draft tokens)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    positions = list(range(1, ACCEPT_POSITIONS + 1))
+    for row in acceptance.itertuples(index=False):
+        ax.plot(positions, [getattr(row, c) for c in POSITION_COLUMNS], marker="o", label=row.method)
+    ax.set_xticks(positions)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("share of decode steps accepting ≥ k draft tokens")
+    _title(ax, title)
+    ax.grid(alpha=0.3)
+    if len(acceptance):
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_batch_sweep(sweep: pd.DataFrame, path: Path, title: str) -> None:
+    """Throughput speedup over vanilla at the same batch size against batch size, a line per method with its 95%
+    intervals, and the vanilla = 1.0 line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, rows in sweep[sweep.method.isin(swept_methods(sweep))].groupby("method", sort=False):
+        rows = rows.sort_values("batch_size")
+        errors = [rows.speedup - rows.speedup_ci_low, rows.speedup_ci_high - rows.speedup]
+        ax.errorbar(rows.batch_size, rows.speedup, yerr=None if rows.speedup_ci_low.isna().all() else errors,
+                    marker="o", capsize=3, label=method)
+    sizes = sorted(sweep.batch_size.unique())
+    ax.plot(sizes, [1.0] * len(sizes), color="black", linestyle="--", linewidth=1, label="vanilla")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size (sequences decoded at once)")
+    ax.set_ylabel("throughput speedup over vanilla at that batch size")
+    _title(ax, title)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_forward_time(profile: Profile, path: Path, title: str) -> None:
+    """t(L) / t(1) against L, one line per measured context length: what verifying L tokens costs here."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for context, row in zip(profile.contexts, profile.seconds):
+        ax.plot(profile.lengths, [s / row[0] for s in row], marker="o", label=f"context {context}")
+    ax.plot(profile.lengths, [1.0] * len(profile.lengths), color="black", linestyle="--", linewidth=1,
+            label="free verification")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens verified in one forward (L)")
+    ax.set_ylabel("t(L) / t(1)")
+    _title(ax, f"{title}\nforward time, threads {profile.setting.get('threads')}")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_predicted_vs_measured(board: pd.DataFrame, path: Path, title: str) -> None:
+    """One labelled point per method: predicted (x) against measured (y) overall speedup, with y = x."""
+    plt = _pyplot()
+    overall = board[(board.task == "overall") & (board.method != VANILLA)].dropna(subset=["predicted_speedup"])
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    for row in overall.itertuples():
+        errors = [[row.speedup - row.speedup_ci_low], [row.speedup_ci_high - row.speedup]]
+        ax.errorbar(row.predicted_speedup, row.speedup, yerr=None if pd.isna(row.speedup_ci_low) else errors,
+                    fmt="o", capsize=3)
+        ax.annotate(row.method, (row.predicted_speedup, row.speedup), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points")
+    values = [*overall.predicted_speedup, *overall.speedup, 1.0]
+    low, high = min(values) * 0.9, max(values) * 1.1
+    ax.plot([low, high], [low, high], color="black", linestyle="--", linewidth=1, label="measured = predicted")
+    ax.set_xlabel("predicted speedup (profile x the run's steps)")
+    ax.set_ylabel("measured speedup (95% interval)")
+    _title(ax, title)
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -1,0 +1,122 @@
+"""Finding run folders and loading their answer records, one row per answer, with each run's setting."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from bench import method_label
+from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD
+from bench.records import read_jsonl
+from tasks import task_of
+
+
+SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature", "batch_size"]
+
+
+def by_question(records: list[dict], run_key: str | None = None) -> dict[int, dict]:
+    """The last record per question_id, of `run_key` only when given."""
+    return {r["question_id"]: r for r in records if run_key is None or r.get("run_key") == run_key}
+
+
+def current_baselines(records: list[dict], run_key: str | None) -> dict[int, dict]:
+    """baseline.jsonl is not strict: it may keep vanilla records of earlier settings. Keeps the run's key's records:
+    meta.json's baseline_run_key where the run recorded it, else the key of the most recently written record."""
+    if run_key is None and records:
+        run_key = max(records, key=lambda r: r.get("tstamp", 0)).get("run_key")
+    return by_question(records, run_key) if records else {}
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every folder under root (root included) holding a run's answers.jsonl and meta.json."""
+    return sorted(p.parent for p in Path(root).rglob("answers.jsonl") if (p.parent / "meta.json").exists())
+
+
+def run_setting(meta: dict) -> dict:
+    config = meta.get("config", {})
+    return {
+        "model": config.get("model", {}).get("name"),
+        "device": meta.get("device"),
+        "device_name": meta.get("device_name"),
+        "dtype": meta.get("dtype"),
+        "max_new_tokens": config.get("gen", {}).get("max_new_tokens"),
+        "temperature": float(config.get("gen", {}).get("temperature", 0.0)),
+        "batch_size": int(config.get("gen", {}).get("batch_size", 1)),
+    }
+
+
+def load_runs(root: Path) -> pd.DataFrame:
+    """One row per answer record of every run under root, with the run's setting, metadata and paired baseline."""
+    rows = []
+    for run_dir in find_runs(root):
+        meta = json.loads((run_dir / "meta.json").read_text())
+        config = meta.get("config", {})
+        method_cfg = config.get("method", {})
+        method = method_label(method_cfg.get("name") or "unknown", method_cfg.get("budget"),
+                              method_cfg.get("batch_policy"))
+        answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
+        is_vanilla = method_cfg.get("drafter") is None
+        baselines = answers if is_vanilla else \
+            current_baselines(read_jsonl(run_dir / "baseline.jsonl"), meta.get("baseline_run_key"))
+        setting = run_setting(meta)
+        run_info = {
+            "run_dir": str(run_dir),
+            "finished": meta.get("finished") or meta.get("started") or "",
+            "setting": json.dumps(setting, sort_keys=True),
+            **setting,
+            "torch": meta.get("torch"),
+            "transformers": meta.get("transformers"),
+            "git_commit": meta.get("git_commit"),
+            "host": meta.get("host"),
+            "limit": config.get("task", {}).get("limit"),
+            "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
+            "method": method,
+            "is_vanilla": is_vanilla,
+            "method_config": json.dumps(method_cfg, sort_keys=True, default=str),
+            "profile": meta.get("profile"),
+        }
+        for record in answers.values():
+            rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
+                         "record": record, "baseline": baselines.get(record["question_id"])})
+    columns = ["run_dir", "finished", "setting", *SETTING, "torch", "transformers", "git_commit", "host", "limit",
+               "starvation_threshold", "method", "is_vanilla", "method_config", "profile", "task", "question_id",
+               "record", "baseline"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def select_latest(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, method variant and task, only the records of the most recent run that has that task
+    (so task=qa then task=rag runs combine, and a newer per-task run replaces that task of an older task=all run)."""
+    if runs.empty:
+        return runs
+    keys = ["setting", "method_config", "task"]
+    order = runs[keys + ["finished", "run_dir"]].drop_duplicates().sort_values(["finished", "run_dir"])
+    latest = order.groupby(keys).tail(1)[keys + ["run_dir"]]
+    return runs.merge(latest, on=keys + ["run_dir"], how="inner")
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def method_labels(runs: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(setting, method_config) -> row label: the method name, plus the knobs that differ when one setting holds
+    several configurations of the same method (a sweep over pld.drafter.num_pred_tokens, say)."""
+    labels = {}
+    variants = runs[["setting", "method", "method_config"]].drop_duplicates()
+    for _, group in variants.groupby(["setting", "method"]):
+        configs = {c: _flatten(json.loads(c)) for c in group.method_config}
+        differing = sorted({k for flat in configs.values() for k in flat
+                            if len({json.dumps(f.get(k), default=str) for f in configs.values()}) > 1})
+        for _, row in group.iterrows():
+            flat = configs[row.method_config]
+            knobs = ", ".join(f"{k.removeprefix('drafter.')}={flat.get(k)}" for k in differing)
+            labels[row.setting, row.method_config] = f"{row.method} ({knobs})" if knobs else row.method
+    return labels

@@ -1,0 +1,279 @@
+"""The report's tables, recomputed from the loaded runs' answers: the leaderboard (Spec-Bench's layout), acceptance
+by position, the cost model's prediction, batch-size sweeps."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from bench.measure.metrics import ACCEPT_POSITIONS, decode_step_accepts, speedup_text, summarize
+from bench.planning.costmodel import Profile
+from bench.records import PHASES
+from bench.report.runs import SETTING, method_labels, select_latest
+
+
+TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
+    "mt_bench": "Multi-turn Conversation",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "Question Answering",
+    "math_reasoning": "Mathematical Reasoning",
+    "rag": "Retrieval-aug. Generation",
+}
+
+
+MAT_COLUMN = "#Mean Accepted Tokens"
+
+
+OVERALL_COLUMN = "Overall"
+
+
+ENERGY_COLUMN = "J/token"  # GPU energy per generated token (NVML); only in tables whose runs measured it
+
+
+ENERGY_COLUMNS = ["joules_per_token", "baseline_joules_per_token"]
+
+
+POSITION_COLUMNS = [f"accept_rate_pos{k}" for k in range(1, ACCEPT_POSITIONS + 1)]
+
+
+SHARE_COLUMNS = [f"{phase}_share" for phase in PHASES]
+
+
+COST_COLUMNS = ["predicted_speedup", "model_gap", "gap_flagged", "mean_verified_tokens", *SHARE_COLUMNS]
+
+
+VANILLA = "vanilla"
+
+
+def _exactness(records: list[dict]) -> tuple[float, str]:
+    """Fraction of questions equal to vanilla or differing only at a numeric tie; the ids of the others."""
+    judged = [r for r in records if r.get("exact_match") is not None]
+    bad = [r["question_id"] for r in judged
+           if not r["exact_match"] and not (r.get("divergence") or {}).get("numeric_tie")]
+    return ((len(judged) - len(bad)) / len(judged) if judged else math.nan), ";".join(map(str, sorted(bad)))
+
+
+def leaderboard(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting x method x task (and `overall`) with bench/measure/metrics.py' numbers, from the latest runs.
+
+    A question's vanilla reference is the one decoded interleaved in the method's own run; a run made with
+    baseline=false falls back to the latest vanilla run of the same setting, as Spec-Bench pairs two files.
+    """
+    if runs.empty:
+        return board_of(runs, {})
+    latest = select_latest(runs)
+    return board_of(latest, method_labels(latest))
+
+
+def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
+    """leaderboard() of runs already reduced by select_latest, with their method_labels."""
+    columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
+               "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
+               "exact_match", "numeric_ties", "exact_match_or_tie", "diverged_questions", "cpu_share", "starved",
+               *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
+               "runs"]
+    if latest.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for setting, group in latest.groupby("setting", sort=False):
+        values = group.iloc[0][SETTING].to_dict()
+        vanilla = {row.question_id: row.record for row in group[group.is_vanilla].itertuples()}
+        for method_config, rows in group.groupby("method_config", sort=False):
+            label = labels[setting, method_config]
+            records = list(rows.record)
+            own = {row.question_id: row.baseline for row in rows.itertuples() if row.baseline is not None}
+            stored = next((p for p in rows.profile if p), None)  # the profile the run used, from its meta.json
+            summary = summarize(label, records, {**vanilla, **own}, starvation_threshold=rows.starvation_threshold.max(),
+                                profile=Profile(**stored) if stored else None)
+            for _, row in summary.iterrows():
+                chosen = rows if row.task == "overall" else rows[rows.task == row.task]
+                exact, diverged = _exactness(list(chosen.record))
+                out.append({"setting": setting, **values, **row.to_dict(), "exact_match_or_tie": exact,
+                            "diverged_questions": diverged, "n_tasks": rows.task.nunique(),
+                            "torch": ",".join(sorted(set(map(str, chosen.torch)))),
+                            "transformers": ",".join(sorted(set(map(str, chosen.transformers)))),
+                            "finished": chosen.finished.max(), "runs": ";".join(sorted(set(chosen.run_dir)))})
+    return pd.DataFrame(out, columns=columns)
+
+
+def task_headings(tasks) -> dict[str, str]:
+    """Column headings: Spec-Bench's six tasks in its order, then any other task among `tasks` (custom tasks,
+    headed by their name), alphabetically."""
+    custom = sorted(set(tasks) - set(TASK_COLUMNS) - {"overall"})
+    return {**TASK_COLUMNS, **{task: task for task in custom}}
+
+
+def wide_table(board: pd.DataFrame) -> pd.DataFrame:
+    """Spec-Bench's layout for one setting: a row per method, speedup per task, #MAT, overall; best overall first.
+    Hidden columns: `_intervals` (heading -> (low, high)), `_partial` (lacks some tasks), `_starved`."""
+    rows = []
+    headings = task_headings(board.task)
+    all_tasks = [t for t in headings if t in set(board.task)]
+    for method, group in board.groupby("method", sort=False):
+        by_task = group.set_index("task")
+        overall = by_task.loc["overall"]
+        row, intervals = {"Method": method}, {}
+        for task, heading in headings.items():
+            row[heading], intervals[heading] = _speedup_of(by_task, task)
+        row[MAT_COLUMN] = overall.mean_accepted_tokens
+        row[OVERALL_COLUMN], intervals[OVERALL_COLUMN] = _speedup_of(by_task, "overall")
+        if "joules_per_token" in board and board.joules_per_token.notna().any():
+            row[ENERGY_COLUMN] = overall.joules_per_token
+        row["_intervals"], row["_partial"] = intervals, any(t not in by_task.index for t in all_tasks)
+        row["_starved"] = is_flagged(overall.starved)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table.sort_values(OVERALL_COLUMN, ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+
+
+def _speedup_of(by_task: pd.DataFrame, task: str) -> tuple[float, tuple[float, float]]:
+    """A task's speedup and its interval from one method's board rows indexed by task (NaNs where not run)."""
+    if task not in by_task.index:
+        return math.nan, (math.nan, math.nan)
+    row = by_task.loc[task]
+    return row.speedup, (row.speedup_ci_low, row.speedup_ci_high)
+
+
+def is_flagged(value) -> bool:
+    """A True/False/None (or NaN) column value as a plain bool: only True is flagged."""
+    return value is not None and not pd.isna(value) and bool(value)
+
+
+def formatted(table: pd.DataFrame) -> pd.DataFrame:
+    """The wide table as displayed: `1.23x (1.10-1.37)` speedups with their interval, 2-decimal #MAT, † on a
+    method that lacks some tasks, ⚠ on one timed while starved of CPU."""
+    shown = pd.DataFrame({"Method": table.Method})
+    for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
+        if heading in (MAT_COLUMN, ENERGY_COLUMN):
+            digits = 2 if heading == MAT_COLUMN else 3
+            shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.{digits}f}")
+        else:
+            shown[heading] = [speedup_text(v, *intervals[heading]) for v, intervals in
+                              zip(table[heading], table._intervals)]
+    shown[OVERALL_COLUMN] += [(" †" if partial else "") + (" ⚠" if starved else "") for partial, starved in
+                              zip(table._partial, table._starved)]
+    return shown
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    cells = [[str(c) for c in frame.columns]] + [[str(v) for v in row] for row in frame.itertuples(index=False)]
+    lines = ["| " + " | ".join(row) + " |" for row in cells]
+    lines.insert(1, "| " + " | ".join("---" for _ in frame.columns) + " |")
+    return "\n".join(lines)
+
+
+def setting_facts(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, str]:
+    """The header of one table: what the numbers were measured on, from the runs' meta.json."""
+    first = board.iloc[0].to_dict()
+    counts = sorted({int(n) for n in board[board.task != "overall"].n_questions})
+    dates = sorted(d[:10] for d in runs.finished if d)
+    torch_versions = ", ".join(sorted(set(runs.torch.astype(str))))
+    transformers_versions = ", ".join(sorted(set(runs.transformers.astype(str))))
+    temperature = float(first["temperature"])
+    return {
+        "device": f"{first['device']} ({first['device_name']})",
+        "model": str(first["model"]),
+        "dtype": str(first["dtype"]),
+        "torch": f"{torch_versions} (transformers {transformers_versions})",
+        "max_new_tokens": str(first["max_new_tokens"]),
+        "batch size": str(first.get("batch_size", 1)),
+        "decoding": "greedy" if temperature == 0 else f"sampling, temperature {temperature:g}",
+        "questions per task": (str(counts[0]) if len(counts) == 1 else
+                               f"{counts[0]}–{counts[-1]} (differs between methods or tasks; see leaderboard.csv)"),
+        "date": dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
+        "runs": str(runs.run_dir.nunique()),
+    }
+
+
+def accept_lengths_by_method(runs: pd.DataFrame, labels: dict) -> dict[str, list[int]]:
+    """Tokens added per decode step (accepted draft tokens + the target's own), prefill steps left out."""
+    out: dict[str, list[int]] = {}
+    for row in runs.itertuples():
+        label = labels[row.setting, row.method_config]
+        if not row.is_vanilla:
+            out.setdefault(label, []).extend(a + 1 for a in decode_step_accepts(row.record))
+    return out
+
+
+def batch_sweeps(board: pd.DataFrame) -> list[pd.DataFrame]:
+    """The overall rows of each group of settings that differ only in batch size, where it has two or more."""
+    overall = board[board.task == "overall"]
+    if overall.empty:
+        return []
+    unbatched = [c for c in SETTING if c != "batch_size"]
+    return [group for _, group in overall.groupby(unbatched, sort=False, dropna=False) if group.batch_size.nunique() > 1]
+
+
+def swept_methods(sweep: pd.DataFrame) -> list[str]:
+    """The methods (vanilla aside) run at two or more of the sweep's batch sizes, by name (variants together)."""
+    counts = sweep.groupby("method").batch_size.nunique()
+    return [m for m, n in counts.items() if n > 1 and m != VANILLA]
+
+
+def batch_sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
+    """A row per method run at two or more batch sizes, a column per batch size: throughput speedup over vanilla at that batch size (95% interval)
+    and, under it, `exact` when every question equals vanilla (or differs at a numeric tie); a first row with
+    vanilla's own throughput (the median over the runs' interleaved baselines) and its gain over batch 1."""
+    sizes = sorted(sweep.batch_size.unique())
+    vanilla_rate = {b: sweep[sweep.batch_size == b].baseline_tokens_per_s.median() for b in sizes}
+    rows = [{"Method": "vanilla tok/s", **{f"B={b}": f"{vanilla_rate[b]:.1f}" + (
+        f" ({vanilla_rate[b] / vanilla_rate[sizes[0]]:.2f}x)" if b != sizes[0] else "") for b in sizes}}]
+    for method in swept_methods(sweep):
+        row = {"Method": method}
+        for b in sizes:
+            hit = sweep[(sweep.method == method) & (sweep.batch_size == b)]
+            if hit.empty:
+                row[f"B={b}"] = "—"
+                continue
+            r = hit.iloc[0]
+            exact = "" if r.exact_match_or_tie == 1 else f" ≠ ({r.exact_match_or_tie:.2f} exact)"
+            row[f"B={b}"] = speedup_text(r.speedup, r.speedup_ci_low, r.speedup_ci_high) + exact
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cost_table(board: pd.DataFrame) -> pd.DataFrame:
+    """Per method (overall): measured and predicted speedup, the gap, where its time went, tokens per forward."""
+    overall = board[(board.task == "overall") & (board.method != VANILLA)]
+    table = pd.DataFrame({
+        "method": overall.method,
+        "speedup": [speedup_text(*v) for v in zip(overall.speedup, overall.speedup_ci_low, overall.speedup_ci_high)],
+        "predicted": overall.predicted_speedup.map(lambda v: "—" if pd.isna(v) else f"{v:.2f}x"),
+        "gap": [("—" if pd.isna(g) else f"{g:+.0%}") + (" ⚑" if is_flagged(f) else "")
+                for g, f in zip(overall.model_gap, overall.gap_flagged)],
+        **{phase: overall[f"{phase}_share"].map(lambda v: "—" if pd.isna(v) else f"{v:.0%}") for phase in PHASES},
+        "verified/step": overall.mean_verified_tokens.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}"),
+        MAT_COLUMN: overall.mean_accepted_tokens.map(lambda v: f"{v:.2f}"),
+    })
+    return table.iloc[overall.speedup.fillna(-1).argsort()[::-1]].reset_index(drop=True)
+
+
+def profiles_of(group_runs: pd.DataFrame) -> list[Profile]:
+    """The distinct profiles the runs of one setting used."""
+    seen, out = set(), []
+    for stored in group_runs.profile:
+        if stored and json.dumps(stored, sort_keys=True) not in seen:
+            seen.add(json.dumps(stored, sort_keys=True))
+            out.append(Profile(**stored))
+    return out
+
+
+def table_warnings(board: pd.DataFrame) -> str:
+    """Markdown paragraphs under one setting's table: methods that differ from vanilla, methods timed starved."""
+    overall = board[board.task == "overall"]
+    diverged = overall[overall.exact_match_or_tie < 1]
+    starved = overall[overall.starved.map(is_flagged)]
+    return "".join(
+        [f"\n\n**{r.method} differs from vanilla beyond numeric ties** (exact_match {r.exact_match:.3f}) on "
+         f"questions {r.diverged_questions.replace(';', ', ')}." for r in diverged.itertuples()]
+        + [f"\n\n**⚠ {r.method} was timed while starved of CPU** (CPU share {r.cpu_share:.0%}, see "
+           f"docs/metrics.md): its speedups are not to be trusted; time it again on a quiet machine."
+           for r in starved.itertuples()])
+
+
+def acceptance_table(board: pd.DataFrame) -> pd.DataFrame:
+    overall = board[(board.task == "overall") & (board.method != VANILLA)]
+    return overall[["method", *POSITION_COLUMNS, "mean_accepted_tokens"]].sort_values(
+        "mean_accepted_tokens", ascending=False, kind="stable").reset_index(drop=True)
