@@ -29,12 +29,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import PROJECT_ROOT, cache_dir, dequantized_gguf, eos_token_ids, load_model
+from bench.artifacts import PROJECT_ROOT, cache_dir
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.models import dequantized_gguf, eos_token_ids, load_model
 from methods.eagle import EagleDrafter, load_eagle
 from methods.lookahead import LookaheadDrafter
 from methods.medusa import MedusaDrafter, load_medusa
-from tasks import build_prompt, read_questions
+from tasks import read_questions
+from tasks.prompts import build_prompt
 
 # lade 0.0.2 imports `_expand_mask` from transformers' Llama and patches its `greedy_search`: transformers <= 4.34.
 # transformers 4.34.1 needs tokenizers < 0.15 and huggingface_hub < 1.0. The packages' other declared dependencies
@@ -177,7 +179,7 @@ def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
                      "ours": lambda: MedusaDrafter(model, checkpoint=cfg.medusa.checkpoint, choices=choices),
                      "upstream": {"method": "medusa", "heads_dir": str(folder), "medusa_choices": MEDUSA_TREE}})
     if "eagle" in methods:
-        from methods.trees import TREES
+        from methods.heads.trees import TREES
 
         folder = convert_eagle(cfg.eagle.checkpoint, model, heads_dir / "eagle")
         rows.append({"method": "eagle", "settings": "static tree mc_sim_7b_63 (= eagle_7b_25, 25 nodes)",

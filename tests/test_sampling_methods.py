@@ -173,6 +173,6 @@ def test_the_joint_test_catches_a_broken_rule(target, name, tmp_path, monkeypatc
 
 def test_exact_joint_is_a_distribution(target):
     for cfg in CONFIGS.values():
-        assert sum(exact_joint(target, cfg).values()) == pytest.approx(1.0, abs=1e-9)
+        assert sum(exact_joint(target, cfg).values()) == pytest.approx(1.0, abs=1e-6)  # float32 probabilities
     assert len(exact_joint(target, CONFIGS["top_k"])) <= 4 ** NEW
     assert all(len(s) == NEW for s in itertools.islice(exact_joint(target, CONFIGS["t1"]), 5))
