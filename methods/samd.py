@@ -1,0 +1,119 @@
+"""SAM-Decoding (Hu et al. 2024; hyx1999/SAM-Decoding, Spec-Bench `model/samd/`): drafts copied from the longest
+suffix match in suffix automata, with another drafter for the steps where no match is long enough.
+
+Two automata (methods/suffix_automaton.py): a dynamic one over this sequence's prompt and accepted tokens, grown as
+they are accepted, and an optional static one over a corpus (ShareGPT, built once and cached). Each keeps a match of
+the tokens so far, moved on by each new token in amortised O(1): the decoded length never enters a step's cost.
+Each step matches the root on top of both; the longer match (the corpus match counted `len_bias` tokens shorter; the
+dynamic one wins ties) proposes the chain of the tokens that followed its earliest occurrence, `n_predicts` inputs
+with the root (upstream's 40), when it is at least `len_threshold` tokens long. Otherwise the fallback drafter (Token
+Recycling, methods/recycling.py; or none) proposes, and it learns from every step's forward, the chain ones too.
+
+As upstream, a dynamic match whose earliest occurrence is too close to the end for a full chain backs off along its
+suffix links to a shorter match with a longer continuation (at most `n_predicts` links).
+Not here yet: upstream's EAGLE-2 fallback (SAMD[EAGLE2] in Spec-Bench's table), and upstream's filling of the
+fallback's matrix from the prompt's prefill logits (the engine keeps only the prefill's last row).
+"""
+from __future__ import annotations
+
+import copy
+
+from bench.datastore import datastore_path
+from bench.tree import DraftTree
+from methods.recycling import RecyclingDrafter
+from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
+
+FALLBACKS = ("recycling", "none")
+
+
+class SamdDrafter:
+    """SAM-Decoding's drafter (see module doc).
+
+    `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,
+    `max_conversations`; a missing one is built on first use when auto_build is true, else refused naming
+    `build_command`. `recycling`: the knobs of the Token Recycling fallback.
+    """
+
+    def __init__(self, target=None, tokenizer=None, n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
+                 fallback: str = "recycling", recycling: dict | None = None, corpus: dict | None = None,
+                 build_command: str = "python -m methods.suffix_automaton model=<model>"):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"SAM-Decoding: fallback={fallback!r}; set method.drafter.fallback to one of "
+                             f"{', '.join(FALLBACKS)}")
+        if n_predicts < 2 or len_threshold < 1:
+            raise ValueError(f"SAM-Decoding: bad knobs {n_predicts=} (>= 2), {len_threshold=} (>= 1)")
+        self.n_predicts, self.len_threshold, self.len_bias = n_predicts, len_threshold, len_bias
+        self.fallback = RecyclingDrafter(target, tokenizer, **(recycling or {})) if fallback == "recycling" else None
+        self.corpus = load_corpus(corpus, tokenizer, build_command) if corpus and corpus.get("enabled") else None
+        if self.corpus is not None:
+            self.artifact = str(datastore_path(corpus["path"]))  # identifies the corpus in run keys
+        self.drafted_from: str | None = None  # last proposal's source: "dynamic", "corpus", "fallback" or None
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.automaton = SuffixAutomaton()
+        self.match = Match()  # longest suffix of the committed tokens found earlier in them
+        self.corpus_match = Match()  # longest suffix of the committed tokens found in the corpus
+        if self.fallback is not None:  # a copy per sequence: forks of this drafter (bench/batched.py) share none
+            self.fallback = copy.copy(self.fallback)
+            self.fallback.start(prompt_ids)
+
+    def commit(self, tokens: list[int]) -> None:
+        """Add tokens to the sequence: match first (against the text before each token), then extend."""
+        automaton = self.automaton
+        for token in tokens:
+            match = automaton.advance(self.match, token)
+            automaton.extend(token)
+            parent = automaton.link[match.state]
+            if parent > 0 and match.length <= automaton.length[parent]:  # extend split the match's state
+                match = Match(parent, match.length)
+            self.match = match
+            if self.corpus is not None:
+                self.corpus_match = self.corpus.advance(self.corpus_match, token)
+
+    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+        self.commit(context[len(self.automaton.tokens) : -1])  # everything but the root, which is not decided yet
+        root, wanted = context[-1], min(self.n_predicts - 1, budget - 1)
+        self.drafted_from = None
+        draft = self.lookup(root, wanted)
+        if draft:
+            return DraftTree.chain(draft)
+        if self.fallback is not None:
+            self.drafted_from = "fallback"
+            return self.fallback.propose(context, budget)
+        return None
+
+    def lookup(self, root: int, wanted: int) -> list[int]:
+        """The chain the longer match proposes, or [] when neither reaches len_threshold."""
+        if wanted < 1:
+            return []
+        dynamic = self.automaton.advance(self.match, root)
+        corpus = self.corpus.advance(self.corpus_match, root) if self.corpus is not None else Match()
+        corpus_length = corpus.length - self.len_bias
+        if max(dynamic.length, corpus_length) < self.len_threshold:
+            return []
+        if dynamic.length >= corpus_length:
+            self.drafted_from = "dynamic"
+            return self.automaton.continuation(self.back_off(dynamic.state, wanted), wanted)
+        self.drafted_from = "corpus"
+        return self.corpus.continuation(corpus.state, wanted)
+
+    def back_off(self, state: int, wanted: int) -> int:
+        """An ancestor of `state` whose earliest occurrence is followed by `wanted` tokens, if one is within
+        n_predicts suffix links (upstream's to_anc)."""
+        automaton, end = self.automaton, len(self.automaton.tokens) - 1
+        for _ in range(self.n_predicts):
+            if automaton.link[state] <= 0 or end - automaton.first_end[state] >= wanted:
+                break
+            state = automaton.link[state]
+        return state
+
+    def update(self, step) -> None:
+        if self.fallback is not None:
+            self.fallback.update(step)  # it learns from chain steps too, as upstream's does
+
+
+def load_corpus(settings: dict, tokenizer, build_command: str) -> FrozenAutomaton:
+    path = datastore_path(settings["path"])
+    if settings.get("auto_build") and not (path / "meta.json").exists():
+        build_corpus_automaton(tokenizer, settings)
+    return FrozenAutomaton.load(path, build_command)

@@ -1,0 +1,133 @@
+"""Token Recycling (methods/recycling.py): the 2.2.2 template, the adjacency refresh, the breadth-first fill, and
+lossless decoding (greedy, sampled, batched) with drafts that are really accepted."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.acceptance import Acceptance
+from bench.engine import SpeculativeEngine, StepResult, StopCondition
+from bench.tree import DraftTree
+from methods.recycling import TEMPLATES, AdjacencyMatrix, RecyclingDrafter, TreeTemplate
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
+from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
+from tests.test_sampling_methods import CONFIGS, joint_test, target  # noqa: F401 (a fixture)
+
+
+def test_template_2_2_2_has_80_nodes_on_6_levels():
+    template = TreeTemplate(TEMPLATES["2.2.2"])
+    assert len(template) == 80
+    assert [end - begin for begin, end in template.levels] == [8, 21, 25, 15, 8, 3]
+    assert max(template.shape.depths) == 6 and max(template.ranks) == 7
+    assert all(parent < node for node, parent in enumerate(template.parents))
+    assert len({tuple(c) for c in TEMPLATES["2.2.2"]}) == 80  # no node twice
+
+
+def test_refresh_sets_each_input_tokens_row_to_its_top_k_last_occurrence_winning():
+    matrix = AdjacencyMatrix(vocab=10, k=3, device=torch.device("cpu"))
+    logits = torch.zeros(3, 10)
+    logits[0, [9, 8, 7]] = torch.tensor([3.0, 2.0, 1.0])  # token 5's first occurrence
+    logits[1, [1, 2, 3]] = torch.tensor([1.0, 3.0, 2.0])  # token 4
+    logits[2, [6, 0, 4]] = torch.tensor([5.0, 4.0, 3.0])  # token 5 again: this row wins
+    matrix.refresh(torch.tensor([5, 4, 5]), logits)
+    assert matrix.successors[4].tolist() == [2, 3, 1]
+    assert matrix.successors[5].tolist() == [6, 0, 4]
+    untouched = [t for t in range(10) if t not in (4, 5)]
+    assert matrix.successors[untouched].abs().sum() == 0
+
+
+def test_fill_takes_each_nodes_token_from_its_parents_row():
+    template = TreeTemplate(TEMPLATES["2.2.2"])
+    generator = torch.Generator().manual_seed(0)
+    successors = torch.randint(0, 50, (50, 8), generator=generator)
+    tokens = template.fill(successors, 7, template.layout(torch.device("cpu"))).tolist()
+    expected = []
+    for parent, rank in zip(template.parents, template.ranks):
+        parent_token = 7 if parent < 0 else expected[parent]
+        expected.append(int(successors[parent_token, rank]))
+    assert tokens == expected
+
+
+def test_update_learns_from_root_and_every_node_then_drafts_from_it(tiny_model):
+    drafter = RecyclingDrafter(tiny_model, k=8)
+    drafter.start([1, 2, 3])
+    first = drafter.propose([1, 2, 3, 4], budget=100)
+    assert list(first.tokens) == [0] * 80  # the matrix starts at zeros, as upstream's
+    tree = DraftTree([10, 11], [-1, 0])
+    logits = torch.zeros(3, 96, dtype=torch.float64)
+    logits[0, 30:38] = torch.arange(8, 0, -1, dtype=torch.float64)  # the root (4): successors 30..37
+    logits[1, 40:48] = torch.arange(8, 0, -1, dtype=torch.float64)  # node 10: 40..47
+    drafter.update(StepResult(tree, logits, Acceptance([0], [30])))
+    assert drafter.matrix.successors[4].tolist() == list(range(30, 38))
+    assert drafter.matrix.successors[10].tolist() == list(range(40, 48))
+    # the next step's root (30, the bonus token) is learned from in the step after it
+    assert drafter.root == 30
+    second = drafter.propose([1, 2, 3, 4, 30], budget=100)
+    assert len(second) == 80 and drafter.propose([1, 2, 3, 4, 30], budget=1) is None
+
+
+def test_greedy_is_lossless_and_drafts_are_accepted(tiny_model, prompts, one_thread):
+    drafter = RecyclingDrafter(tiny_model)
+    accepted = []
+    for prompt in prompts:
+        out = assert_lossless(tiny_model, drafter, prompt, 60)
+        accepted += out.accept_lengths[1:]
+    assert max(accepted) >= 3 and sum(accepted) / len(accepted) > 1.3
+
+
+def test_greedy_is_lossless_on_windowed_models(windowed_model, prompts, one_thread):
+    for prompt in prompts:
+        assert_lossless(windowed_model, RecyclingDrafter(windowed_model), prompt, 40)
+
+
+def test_each_prompt_starts_from_zeros_unless_carry_over(tiny_model, prompts, one_thread):
+    fresh, carried = RecyclingDrafter(tiny_model), RecyclingDrafter(tiny_model, carry_over=True)
+    engine_fresh, engine_carried = SpeculativeEngine(tiny_model, fresh), SpeculativeEngine(tiny_model, carried)
+    for engine in (engine_fresh, engine_carried):
+        engine.generate(prompts[0], StopCondition(20))
+    learned = carried.matrix.table.clone()
+    fresh.start(prompts[1])
+    carried.start(prompts[1])
+    assert fresh.matrix.table.abs().sum() == 0
+    assert torch.equal(carried.matrix.table, learned) and learned.abs().sum() > 0
+
+
+def test_config_builds_the_upstream_drafter(tiny_model):
+    drafter = drafter_from_config("recycling", tiny_model, None)
+    assert isinstance(drafter, RecyclingDrafter)
+    assert (drafter.k, len(drafter.template), drafter.carry_over) == (8, 80, False)
+
+
+def test_bad_knobs_are_refused(tiny_model):
+    with pytest.raises(ValueError, match="k=4 must exceed every rank"):
+        RecyclingDrafter(tiny_model, k=4)
+    with pytest.raises(ValueError, match="unknown Token Recycling template"):
+        RecyclingDrafter(tiny_model, template="3.3.3")
+
+
+def test_batched_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
+    out = assert_batch_equals_batch_one(tiny_model, lambda: RecyclingDrafter(tiny_model), batch_prompts, 30)
+    assert any(n > 1 for turn in out.turns for n in turn.accept_lengths[1:])
+
+
+@pytest.mark.parametrize("config", ["top_k", "t1"])
+def test_sampling_gives_the_targets_joint_distribution(target, config):  # noqa: F811
+    cfg = CONFIGS[config]
+    statistic, critical, accept_lengths = joint_test(target, RecyclingDrafter(target), cfg, 1200)
+    assert statistic < critical, (statistic, critical)
+    assert max(accept_lengths) >= 2  # drafts were really tried
+
+
+@pytest.mark.real_model
+def test_smollm2_summarization_equals_vanilla():
+    mean_accepted = assert_lossless_on_smollm2("recycling")
+    print(f"recycling on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
+    assert mean_accepted > 1.0
+
+
+def test_cli_sampled_run_with_repeats_gives_each_repeat_the_same_tokens(compose, tmp_path, one_thread):
+    """Through the runner (config, tiny checkpoint): repeats=3 under sampling raise no RepeatMismatchError."""
+    from bench.run import run
+
+    summary = run(compose("method=recycling", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1"))
+    assert summary.n_questions.iloc[-1] == 2

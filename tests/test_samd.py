@@ -1,0 +1,187 @@
+"""SAM-Decoding (methods/samd.py) and its suffix automata (methods/suffix_automaton.py): matches against brute force,
+linear size, the frozen corpus automaton, and lossless decoding (greedy, sampled, batched) with accepted drafts."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bench.engine import SpeculativeEngine, StopCondition
+from bench.models import MissingArtifactError
+from methods.recycling import RecyclingDrafter
+from methods.samd import SamdDrafter
+from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
+from tests.conftest import make_tiny_model, vanilla_tokens
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
+from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
+from tests.test_sampling_methods import CONFIGS, PROMPT, joint_test, target  # noqa: F401 (a fixture)
+
+
+def occurs_ending_at(text: list[int], pattern: list[int], before: int) -> list[int]:
+    """End positions (< before) of the occurrences of pattern in text, by brute force."""
+    n = len(pattern)
+    return [end for end in range(n - 1, before) if text[end - n + 1 : end + 1] == pattern]
+
+
+def longest_earlier_suffix(text: list[int], stream: list[int]) -> int:
+    """Length of the longest suffix of stream that occurs in text, by brute force."""
+    return max([n for n in range(1, len(stream) + 1) if occurs_ending_at(text, stream[-n:], len(text))], default=0)
+
+
+def random_sequence(seed: int, length: int, alphabet: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(alphabet) for _ in range(length)]
+
+
+@pytest.mark.parametrize("seed, alphabet", [(0, 2), (1, 3), (2, 5), (3, 40)])
+def test_carried_match_is_the_longest_earlier_suffix(seed, alphabet):
+    """SamdDrafter.commit's match after each token, and each step's lookup with a root, equal brute force; the
+    state's earliest occurrence is the first place the matched suffix ends."""
+    sequence = random_sequence(seed, 160, alphabet)
+    drafter = SamdDrafter(fallback="none")
+    drafter.start([])
+    for i, token in enumerate(sequence):
+        drafter.commit([token])
+        text = sequence[: i + 1]
+        assert drafter.match.length == longest_earlier_suffix(text[:-1], text)
+        root = (token * 7 + i) % alphabet
+        looked_up = drafter.automaton.advance(drafter.match, root)
+        assert looked_up.length == longest_earlier_suffix(text, text + [root])
+        if looked_up.length:
+            suffix = (text + [root])[-looked_up.length :]
+            assert drafter.automaton.first_end[looked_up.state] == occurs_ending_at(text, suffix, len(text))[0]
+
+
+@pytest.mark.parametrize("text", [random_sequence(4, 3000, 2), random_sequence(5, 3000, 50), [0] * 1000,
+                                  [0] + [1] * 999, list(range(1000))])
+def test_automaton_size_is_linear(text):
+    automaton = SuffixAutomaton()
+    for token in text:
+        automaton.extend(token)
+    assert len(automaton) <= 2 * len(text)
+    assert sum(map(len, automaton.next)) <= 3 * len(text)
+
+
+def test_frozen_automaton_matches_as_the_growing_one_and_survives_disk(tmp_path):
+    documents = [random_sequence(seed, 120, 4) for seed in range(6)]
+    frozen = build_frozen(documents, progress=False)
+    growing = SuffixAutomaton()
+    for document in documents:
+        for token in document + [SEPARATOR]:
+            growing.extend(token)
+    loaded = FrozenAutomaton.load(frozen.save(tmp_path / "corpus.sam", {"corpus": "test"}), "build it")
+    query = random_sequence(9, 300, 4)
+    expected, match, match_loaded = Match(), Match(), Match()
+    for token in query:
+        expected, match = growing.advance(expected, token), frozen.advance(match, token)
+        match_loaded = loaded.advance(match_loaded, token)
+        assert match == match_loaded == expected
+        following = loaded.continuation(match.state, 200)
+        assert SEPARATOR not in following  # cut at the end of its document
+        start = growing.first_end[expected.state] + 1
+        assert following == growing.tokens[start : start + len(following)]
+
+
+def test_missing_corpus_is_refused_naming_the_build_command(tmp_path):
+    corpus = {"enabled": True, "path": str(tmp_path / "none.sam"), "auto_build": False}
+    with pytest.raises(MissingArtifactError, match="build it with: python -m methods.suffix_automaton"):
+        SamdDrafter(corpus=corpus, fallback="none")
+
+
+def test_bad_fallback_is_refused():
+    with pytest.raises(ValueError, match="method.drafter.fallback to one of recycling, none"):
+        SamdDrafter(fallback="eagle3")
+
+
+def repeating_case(model):
+    """A prompt p + v + p, v being the model's own continuation of p: a model that sees only its last tokens
+    (window 4, two layers, relative positions) continues it with v again, which the dynamic automaton copies."""
+    p = random_sequence(7, 12, 96)
+    v = vanilla_tokens(model, p, 40)
+    return p + v + p, v
+
+
+def test_repeating_prompt_drafts_from_the_dynamic_automaton():
+    model = make_tiny_model(arch="mistral")
+    prompt, continuation = repeating_case(model)
+    drafter = SamdDrafter(model, fallback="none")
+    with torch.inference_mode():
+        out = assert_lossless(model, drafter, prompt, 40)
+    assert out.tokens == continuation
+    assert max(out.accept_lengths) >= 20  # whole chains copied from the prompt were accepted
+    assert drafter.drafted_from == "dynamic"
+
+
+def test_greedy_is_lossless_with_and_without_fallback(tiny_model, prompts, one_thread):
+    for prompt in prompts:
+        with_fallback = assert_lossless(tiny_model, SamdDrafter(tiny_model), prompt, 50)
+        assert_lossless(tiny_model, SamdDrafter(tiny_model, fallback="none"), prompt, 50)
+        alone = SpeculativeEngine(tiny_model, RecyclingDrafter(tiny_model)).generate(prompt, StopCondition(50))
+        assert with_fallback.accept_lengths == alone.accept_lengths  # no long matches here: the fallback drafts
+
+
+def test_greedy_is_lossless_on_windowed_models(windowed_model, prompts, one_thread):
+    for prompt in prompts + [prompts[1] * 3]:
+        assert_lossless(windowed_model, SamdDrafter(windowed_model, len_threshold=2), prompt, 40)
+
+
+def test_corpus_automaton_drafts_the_continuation_it_holds(tiny_model, prompts, tmp_path, one_thread):
+    """A corpus holding each prompt's continuation: its matches (the prompt's suffix) outrun the dynamic ones."""
+    documents = [p + vanilla_tokens(tiny_model, p, 30) for p in prompts]
+    path = build_frozen(documents, progress=False).save(tmp_path / "corpus.sam", {})
+    drafter = SamdDrafter(tiny_model, fallback="none", corpus={"enabled": True, "path": str(path)})
+    accepted = []
+    for prompt in prompts[1:]:  # prompts long enough for a match of len_threshold + len_bias tokens
+        out = assert_lossless(tiny_model, drafter, prompt, 30)
+        accepted.append(max(out.accept_lengths))
+        assert drafter.drafted_from == "corpus"
+    assert min(accepted) >= 20
+
+
+def test_each_step_costs_only_its_new_tokens(tiny_model, prompts, one_thread, monkeypatch):
+    """The automaton takes each token once (no re-matching of the context): extend calls = tokens committed."""
+    calls = []
+    extend = SuffixAutomaton.extend
+    monkeypatch.setattr(SuffixAutomaton, "extend", lambda self, token: (calls.append(token), extend(self, token)))
+    drafter = SamdDrafter(tiny_model)
+    prompt = prompts[2]
+    out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(40))
+    assert calls == drafter.automaton.tokens
+    assert calls == (prompt + out.tokens)[: len(calls)] and len(calls) >= len(prompt) + len(out.tokens) - 2
+
+
+def test_config_builds_the_upstream_drafter(tiny_model):
+    drafter = drafter_from_config("samd", tiny_model, None)
+    assert isinstance(drafter, SamdDrafter) and isinstance(drafter.fallback, RecyclingDrafter)
+    assert (drafter.n_predicts, drafter.len_threshold, drafter.len_bias, drafter.corpus) == (40, 5, 5, None)
+
+
+def test_batched_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
+    prompts = batch_prompts[:3] + [batch_prompts[1] * 3]  # one row with long dynamic matches
+    out = assert_batch_equals_batch_one(tiny_model, lambda: SamdDrafter(tiny_model, len_threshold=3), prompts, 30)
+    assert any(n > 1 for turn in out.turns for n in turn.accept_lengths[1:])
+
+
+@pytest.mark.parametrize("knobs", [{}, {"len_threshold": 2, "fallback": "none"}])
+def test_sampling_gives_the_targets_joint_distribution(target, knobs):  # noqa: F811
+    """With the default threshold the Recycling fallback drafts; at 2, PROMPT's repeats give dynamic chains."""
+    cfg = CONFIGS["top_k"]
+    statistic, critical, accept_lengths = joint_test(target, SamdDrafter(target, **knobs), cfg, 1200)
+    assert statistic < critical, (statistic, critical)
+    assert max(accept_lengths) >= 2  # drafts were really tried
+
+
+@pytest.mark.real_model
+def test_smollm2_summarization_equals_vanilla():
+    mean_accepted = assert_lossless_on_smollm2("samd")
+    print(f"samd on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
+    assert mean_accepted > 1.0
+
+
+def test_cli_sampled_run_with_repeats_gives_each_repeat_the_same_tokens(compose, tmp_path, one_thread):
+    """Through the runner (config, tiny checkpoint): repeats=3 under sampling raise no RepeatMismatchError."""
+    from bench.run import run
+
+    summary = run(compose("method=samd", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1"))
+    assert summary.n_questions.iloc[-1] == 2
