@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from bench.kvcache import host_to_device
-from bench.tree import DeviceTokens, DraftTree
+from bench.engine.drafter import Drafter
+from bench.engine.kvcache import host_to_device
+from bench.engine.tree import DeviceTokens, DraftTree
 
 # Static tree templates, as lists of choices: [0, 1] = the best next token of the root, then the second best after it.
 TEMPLATES: dict[str, list[list[int]]] = {
@@ -98,7 +99,7 @@ class AdjacencyMatrix:
         self.table[rows] = top
 
 
-class RecyclingDrafter:
+class RecyclingDrafter(Drafter):
     """Token Recycling's drafter: the template filled from the adjacency matrix, under the root (see module doc)."""
 
     def __init__(self, target=None, tokenizer=None, k: int = 8, template: str | list = "2.2.2",

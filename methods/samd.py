@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import copy
 
-from bench.datastore import datastore_path
-from bench.tree import DraftTree
+from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
+from methods.rest_datastore import datastore_path
 from methods.recycling import RecyclingDrafter
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "none")
 
 
-class SamdDrafter:
+class SamdDrafter(Drafter):
     """SAM-Decoding's drafter (see module doc).
 
     `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,

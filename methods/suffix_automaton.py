@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.models import MissingArtifactError
+from bench.errors import MissingArtifactError
 
 SEPARATOR = -1  # between corpus documents: matches and continuations never cross it
 
@@ -193,7 +193,8 @@ def build_corpus_automaton(tokenizer, settings: dict) -> Path:
     """Tokenize the ShareGPT turns `settings` names (path, roles, max_conversations) and cache their automaton."""
     from tqdm import tqdm
 
-    from bench.datastore import datastore_path, sharegpt_turns
+    from bench.corpora import sharegpt_turns
+    from methods.rest_datastore import datastore_path
 
     path = datastore_path(settings["path"])
     texts = sharegpt_turns(list(settings["roles"]), settings["max_conversations"])
@@ -213,7 +214,7 @@ def build(cfg) -> Path:
     """`python -m methods.suffix_automaton`: the corpus automaton of method=samd for the model's tokenizer."""
     from omegaconf import OmegaConf
 
-    from bench.datastore import load_tokenizer
+    from bench.models import load_tokenizer
 
     return build_corpus_automaton(load_tokenizer(cfg.model), OmegaConf.to_container(cfg.method.drafter.corpus,
                                                                                     resolve=True))
@@ -222,6 +223,6 @@ def build(cfg) -> Path:
 if __name__ == "__main__":
     import sys
 
-    from bench.run import compose_config
+    from bench.config import compose_config
 
     build(compose_config("method=samd", *sys.argv[1:]))

@@ -71,6 +71,8 @@ class ScriptedByPrompt(Drafter):
 def method_drafters(model, tmp_path, prompts):
     """One drafter per method, on the tiny model (random heads and draft: right sometimes, wrong mostly; REST's
     datastore holds the prompts' own continuations, so it is right often)."""
+    from methods.recycling import RecyclingDrafter
+    from methods.samd import SamdDrafter
     from methods.sps import slice_target
     from tests.test_eagle import random_head
     from tests.test_hydra import random_heads as hydra_heads
@@ -86,6 +88,8 @@ def method_drafters(model, tmp_path, prompts):
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
         "eagle": lambda: EagleDrafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: EagleDrafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
+        "recycling": lambda: RecyclingDrafter(model),
+        "samd": lambda: SamdDrafter(model),
     }
 
 
@@ -140,7 +144,8 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
     assert_batch_equals_batch_one(windowed_model, make, batch_prompts, 30)
 
 
-@pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2"])
+@pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
+                                    "recycling", "samd"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -260,7 +265,8 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     store = f"datastore.path={tmp_path}/small.idx"
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
-    for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2"]:
+    for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
+                   "samd"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

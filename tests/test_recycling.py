@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.acceptance import Acceptance
-from bench.engine import SpeculativeEngine, StepResult, StopCondition
-from bench.tree import DraftTree
+from bench.engine.acceptance import Acceptance
+from bench.engine.drafter import StepResult
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.tree import DraftTree
 from methods.recycling import TEMPLATES, AdjacencyMatrix, RecyclingDrafter, TreeTemplate
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
@@ -127,7 +128,7 @@ def test_smollm2_summarization_equals_vanilla():
 
 def test_cli_sampled_run_with_repeats_gives_each_repeat_the_same_tokens(compose, tmp_path, one_thread):
     """Through the runner (config, tiny checkpoint): repeats=3 under sampling raise no RepeatMismatchError."""
-    from bench.run import run
+    from bench.measure.run import run
 
     summary = run(compose("method=recycling", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1"))
     assert summary.n_questions.iloc[-1] == 2

@@ -95,7 +95,8 @@ def tokens_by_question(path) -> dict:
     return {a["question_id"]: a["choices"][0]["token_ids"] for a in read_jsonl(path)}
 
 
-@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest", "vanilla"])
+@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest", "recycling",
+                                    "samd", "vanilla"])
 def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, method, one_thread):
     """repeats=3 under sampling: every repeat of a turn gives the same tokens (else RepeatMismatchError)."""
     summary = run(compose(f"method={method}", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1",

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from bench.engine import SpeculativeEngine, StopCondition
-from bench.models import MissingArtifactError
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.errors import MissingArtifactError
 from methods.recycling import RecyclingDrafter
 from methods.samd import SamdDrafter
 from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
@@ -181,7 +181,7 @@ def test_smollm2_summarization_equals_vanilla():
 
 def test_cli_sampled_run_with_repeats_gives_each_repeat_the_same_tokens(compose, tmp_path, one_thread):
     """Through the runner (config, tiny checkpoint): repeats=3 under sampling raise no RepeatMismatchError."""
-    from bench.run import run
+    from bench.measure.run import run
 
     summary = run(compose("method=samd", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1"))
     assert summary.n_questions.iloc[-1] == 2

@@ -23,7 +23,9 @@ from methods.lookahead import LookaheadDrafter
 from methods.medusa import MedusaDrafter
 from methods.heads.medusa_heads import MedusaHeads
 from methods.pld import PromptLookupDrafter
+from methods.recycling import RecyclingDrafter
 from methods.rest import RestDrafter
+from methods.samd import SamdDrafter
 from methods.sps import DraftModelDrafter, slice_target
 from tests.test_sampling import chi_square
 
@@ -96,6 +98,10 @@ def make_drafter(name: str, model, cfg: SamplingConfig, tmp_path):
         corpus = [PROMPT[i:] + torch.randint(0, VOCAB, (6,), generator=generator).tolist() for i in range(6)] * 3
         path = write_datastore(tmp_path / "store.idx", corpus, sort_depth=8)
         return RestDrafter(datastore={"path": str(path)}, num_draft=16, draft_length=4)
+    if method == "recycling":
+        return RecyclingDrafter(model)
+    if method == "samd":  # a short threshold, so that the prompt's repeats give chains as well as fallback trees
+        return SamdDrafter(model, len_threshold=2)
     raise ValueError(name)
 
 
@@ -143,7 +149,8 @@ def resample_from_p(logits, tree, cfg, generator) -> Acceptance:
 
 
 SHIPPED = ["vanilla", "sps", "medusa:8", "medusa:full", "hydra:16", "hydra:full", "eagle:smollm2", "eagle:vicuna",
-           "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "pld", "lookahead", "rest"]
+           "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "pld", "lookahead", "rest", "recycling",
+           "samd"]
 
 
 SAMPLING_DRAFTERS = ["vanilla", "sps", "medusa:8", "eagle:smollm2", "eagle2:8/3/2", "eagle2:60/5/10"]
