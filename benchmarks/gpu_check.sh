@@ -85,9 +85,10 @@ run_methods() {  # run_methods <runs folder> "<methods>" <overrides...>
   python - "$@" <<'PY'
 import os, sys, time, traceback
 import torch
-from bench.kvcache import UnsupportedModelError
-from bench.models import MissingArtifactError
-from bench.run import compose_config, run
+from bench.config import compose_config
+from bench.engine.kvcache import UnsupportedModelError
+from bench.errors import MissingArtifactError
+from bench.measure.run import run
 
 root, methods, overrides = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 rest = os.environ.get("REST_OVERRIDES", "").split()
@@ -116,7 +117,7 @@ PY
 models="smollm2_135m $(python - <<'PY'
 from pathlib import Path
 from omegaconf import OmegaConf
-from bench.models import resolve_artifact_path
+from bench.artifacts import resolve_artifact_path
 for path in sorted(Path("conf/model").glob("*.yaml")):
     cfg = OmegaConf.load(path)
     if cfg.name == "smollm2_135m" or not cfg.get("path") or cfg.get("gguf_file"):
