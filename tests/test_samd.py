@@ -177,11 +177,3 @@ def test_smollm2_summarization_equals_vanilla():
     mean_accepted = assert_lossless_on_smollm2("samd")
     print(f"samd on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
     assert mean_accepted > 1.0
-
-
-def test_cli_sampled_run_with_repeats_gives_each_repeat_the_same_tokens(compose, tmp_path, one_thread):
-    """Through the runner (config, tiny checkpoint): repeats=3 under sampling raise no RepeatMismatchError."""
-    from bench.measure.run import run
-
-    summary = run(compose("method=samd", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1"))
-    assert summary.n_questions.iloc[-1] == 2
