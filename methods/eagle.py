@@ -34,8 +34,8 @@ from bench.errors import InvalidArtifactError
 from bench.artifacts import artifact_fingerprint
 from bench.engine.sampling import SamplingConfig, logits_to_probs
 from bench.engine.tree import DraftTree
-from methods.heads.common import (DraftVocabulary, one_layer_config, checkpoint_folder, heads_or_checkpoint, load_strictly, read_heads,
-                                  read_json, read_tensors)
+from methods.heads.common import (DraftVocabulary, checkpoint_folder, heads_or_checkpoint, load_strictly,
+                                  one_layer_config, read_heads, read_json, read_tensors)
 from methods.heads.trees import resolve_choices
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
@@ -292,6 +292,8 @@ class EagleDrafter(Drafter):
             pool_positions.append(child_positions.flatten())
             pool_scores.append(cumulative)
             pool_parents.append(frontier.repeat_interleave(k))
+            if level == self.depth - 1:  # the last expansion's children are candidates only, never fed
+                break
             best = cumulative.topk(k).indices  # the next frontier, as indices into this level's k * k children
             frontier, frontier_scores = size + best, cumulative[best]
             frontier_positions, inputs = child_positions.flatten()[best], features[best // k]
@@ -305,13 +307,15 @@ class EagleDrafter(Drafter):
         assert all(p < 0 or p in index for p in parents), "a child never outranks its parent"
         return DraftTree(tokens, [index[p] if p >= 0 else -1 for p in parents])
 
-    def _feed_level(self, token_ids: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor, level: int) -> torch.Tensor:
+    def _feed_level(self, token_ids: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor,
+                    level: int) -> torch.Tensor:
         """Feed one tree level (pairs of a node's token and its parent's predicted feature) after the cached context
         and the levels fed before; `mask` [rows, fed] says which fed tree rows (this level's last) each row sees.
         Returns the rows' predicted features [rows, H]."""
         n, rows = self.context_len, len(token_ids)
         attend = torch.cat([torch.ones(rows, n, dtype=torch.bool, device=self.device), mask], dim=1)
-        additive = torch.zeros(attend.shape, dtype=self.dtype, device=self.device).masked_fill_(~attend, self._min_value)
+        additive = torch.zeros(attend.shape, dtype=self.dtype, device=self.device)
+        additive.masked_fill_(~attend, self._min_value)
         positions = torch.full((1, rows), n + level, device=self.device)
         return self.head(self.embed(token_ids[None]), inputs[None], cache=self.cache, position_ids=positions,
                          attention_mask=additive[None, None])[0]

@@ -172,12 +172,18 @@ def test_medusa_with_a_missing_or_misshapen_tensor_is_refused(tiny_model, tmp_pa
     assert_one_line_refusal(error, f"{tmp_path / 'medusa-2'} (medusa_head.* tensors)", "1 key missing (2.1.weight)")
 
 
-def test_truncated_medusa_files_are_refused(tiny_model, tmp_path):
+def truncated_medusa1(tmp_path):
+    """A FasterDecoding Medusa-1 folder whose medusa_lm_head.pt is cut short."""
     folder = tmp_path / "medusa-1"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3}))
     torch.save(medusa_head_state(3, 1), folder / "medusa_lm_head.pt")
     truncate(folder / "medusa_lm_head.pt")
+    return folder
+
+
+def test_truncated_medusa_files_are_refused(tiny_model, tmp_path):
+    folder = truncated_medusa1(tmp_path)
     with pytest.raises(InvalidArtifactError) as error:
         load_medusa(folder, tiny_model)
     assert_one_line_refusal(error, f"{folder / 'medusa_lm_head.pt'} cannot be read", "truncated or corrupt",
@@ -191,11 +197,7 @@ def test_truncated_medusa_files_are_refused(tiny_model, tmp_path):
 
 
 def test_the_cli_refuses_a_truncated_checkpoint_with_exit_status_2(tiny_checkpoint, tmp_path):
-    folder = tmp_path / "medusa-1"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3}))
-    torch.save(medusa_head_state(3, 1), folder / "medusa_lm_head.pt")
-    truncate(folder / "medusa_lm_head.pt")
+    folder = truncated_medusa1(tmp_path)
     command = [sys.executable, "-m", "bench", "method=medusa", f"method.drafter.checkpoint={folder}",
                *tiny_overrides(tiny_checkpoint, tmp_path / "run"), "hydra.run.dir=" + str(tmp_path / "hydra")]
     done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,

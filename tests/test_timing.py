@@ -17,6 +17,7 @@ from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.artifacts import PROJECT_ROOT
 from methods.pld import PromptLookupDrafter
 from tests.test_costmodel import BASE, PER_TOKEN, TREE_MASK, FakeClock, slowed
+from tests.test_costmodel import clock, slow_model  # noqa: F401 (fixtures)
 
 
 class FakeEvents:
@@ -91,18 +92,6 @@ def test_cuda_timer_uses_timing_events(monkeypatch):
     timer = PhaseTimer(torch.device("cuda"))
     timer.lap("prefill")
     assert made == [{"enable_timing": True}] * 2
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def slow_model(clock):
-    from tests.conftest import make_tiny_model
-
-    return slowed(make_tiny_model(seed=4), clock)
 
 
 def watch_syncs(model, events: FakeEvents) -> None:
