@@ -7,15 +7,40 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bench.artifacts import cache_dir, package_dir
-from bench.errors import MissingArtifactError
+from bench.errors import ConfigError, MissingArtifactError
 
 from tasks.prompts import set_prompt_format
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matrix instructions
+
+
+def cpu_bfloat16_support(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The CPU's bfloat16 matrix instruction sets among BFLOAT16_CPU_FLAGS (empty: none, or not Linux)."""
+    try:
+        flags = next((l.split(":", 1)[1].split() for l in cpuinfo.read_text().splitlines() if l.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in BFLOAT16_CPU_FLAGS if flag in flags]
+
+
+def check_dtype_supported(cfg: DictConfig, device: torch.device, support: list[str] | None = None) -> None:
+    """Refuse bfloat16 on a CPU without AMX-BF16 or AVX512-BF16: there a forward over 16 tokens costs ~7x one token
+    (measured on an AVX2 EPYC; 1.2x with AMX), so speculation is measured in a regime no user runs.
+    `model.allow_slow_bfloat16=true` runs anyway (tests on tiny models do)."""
+    if device.type != "cpu" or cfg.dtype != "bfloat16" or cfg.get("allow_slow_bfloat16", False):
+        return
+    if not (cpu_bfloat16_support() if support is None else support):
+        raise ConfigError("model.dtype=bfloat16: this CPU has neither AMX-BF16 nor AVX512-BF16 (/proc/cpuinfo flags "
+                          "amx_bf16, avx512_bf16), so bfloat16 here is slower than float32 and speculation's "
+                          "verification ~7x a token; use model.dtype=float32 (model=smollm2_135m), or "
+                          "+model.allow_slow_bfloat16=true to run anyway")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,6 +108,7 @@ def load_model(cfg: DictConfig, device: torch.device):
 
     from transformers.utils import is_accelerate_available
 
+    check_dtype_supported(cfg, device)
     source = dequantized_gguf(cfg) if cfg.get("gguf_file") else cfg.path
     placement = {"device_map": device} if is_accelerate_available() else {}  # weights straight onto the device
     try:
@@ -102,6 +128,15 @@ def load_model(cfg: DictConfig, device: torch.device):
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def load_check_model(cfg: DictConfig, device: torch.device, dtype: str | None):
+    """A copy of the target in `dtype` (model.tie_check_dtype) to re-check divergences at, or None when that is the
+    run's own dtype (or null): the float32 judge of a bfloat16 run's numeric ties."""
+    if dtype is None or dtype == cfg.dtype:
+        return None
+    model, _ = load_model(OmegaConf.merge(cfg, {"dtype": dtype}), device)
+    return model
 
 
 def load_tokenizer(model_cfg):

@@ -6,6 +6,9 @@ default; extra Hydra overrides are appended), in one process, one method after t
 datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix printed; any
 other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress against the
 committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
+Last, one bfloat16 run (BFLOAT16_CHECK, model=smollm2_135m_bf16; not in the report or the baseline): every question
+that leaves vanilla's output must do so at a numeric tie proven by the float32 re-check, else the smoke fails. On a
+CPU without bfloat16 instructions it runs anyway (+model.allow_slow_bfloat16=true): it checks exactness, not speed.
 Exit status: 0 passed, 1 a method failed or regressed, 2 nothing to compare (no baseline yet, say).
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from bench.artifacts import PROJECT_ROOT
 DEFAULT_OVERRIDES = ["task=all", "task.limit=1", "gen.max_new_tokens=32", "device=cpu", "warmup_tokens=4",
                      "++datastore.auto_build=false"]
 DEFAULT_BASELINE = PROJECT_ROOT / "results" / "baselines" / "smollm2_135m-cpu.json"
+BFLOAT16_CHECK = ("eagle2", ["model=smollm2_135m_bf16", "+model.allow_slow_bfloat16=true"])  # method, overrides
 MARKER = ".smoke"  # marks a folder this script made, so that it may wipe it on the next run
 
 
@@ -51,6 +55,29 @@ def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     from bench.measure.run import run
 
     run(compose_config(f"method={method}", *overrides, f"out_dir={out_dir}"))
+
+
+def bfloat16_check(out: Path, overrides: list[str]) -> str | None:
+    """BFLOAT16_CHECK's run under `out`; None when every divergence is a float32-proven numeric tie, else what failed."""
+    from bench.records import read_jsonl
+
+    method, extra = BFLOAT16_CHECK
+    print(f"\n=== smoke: {method} in bfloat16 (exactness against the float32 re-check) ===", flush=True)
+    try:
+        run_method(method, out, [*overrides, *extra])
+    except MissingArtifactError as err:
+        print(f"skipped the bfloat16 check: {err}")
+        return None
+    except Exception:  # noqa: BLE001 - reported as the check's failure
+        return traceback.format_exc()
+    answers = read_jsonl(out / "answers.jsonl")
+    ties = [a for a in answers if not a["exact_match"] and (a.get("divergence") or {}).get("numeric_tie")]
+    bad = [a for a in answers if not a["exact_match"] and a not in ties]
+    print(f"bfloat16 check: {len(answers)} questions, {len(answers) - len(ties) - len(bad)} exact, {len(ties)} "
+          f"numeric tie(s) proven in float32, {len(bad)} failure(s)")
+    if bad:
+        return "; ".join(f"question {a['question_id']}: {a['divergence']}" for a in bad)
+    return None
 
 
 def smoke(out: Path, methods: list[str], overrides: list[str], baseline: Path, update: bool = False) -> int:
@@ -88,6 +115,11 @@ def smoke(out: Path, methods: list[str], overrides: list[str], baseline: Path, u
     else:
         print("smoke: no method ran")
         status = 2
+    if not any(o.startswith(("model=", "method=")) for o in overrides):
+        problem = bfloat16_check(out / "bfloat16" / BFLOAT16_CHECK[0], overrides)
+        if problem is not None:
+            print(f"FAILED the bfloat16 check: divergences that are not numeric ties: {problem}")
+            status = max(status, 1)
     print(f"smoke: {len(ran)} ran ({', '.join(ran)}), {len(skipped)} skipped, {len(failed)} failed, "
           f"{time.time() - started:.0f} s; exit {status}")
     return status

@@ -12,7 +12,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import bench.report.plots
-from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, leaderboard
+from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, formatted, leaderboard, wide_table
 from bench.report.runs import load_runs, method_labels, select_latest
 from bench.report.plots import plot_speedup_by_task
 from bench.report.render import write_report
@@ -114,6 +114,15 @@ def test_exact_match_counts_numeric_ties_apart(tmp_path):
     assert board.loc["overall", ["exact_match", "numeric_ties", "exact_match_or_tie"]].tolist() == \
         pytest.approx([1 / 3, 1, 2 / 3])
     assert board.loc["rag", "diverged_questions"] == "481" and board.loc["qa", "diverged_questions"] == ""
+    # vanilla's 12 tokens per question: 3 + 1 + 12 reproduced before the divergences, of 36
+    assert board.loc["overall", "exact_until_divergence"] == pytest.approx(16 / 36)
+    table = formatted(wide_table(leaderboard(load_runs(tmp_path))))
+    assert table.loc[table.Method == "pld", "Exact"].item() == "0.33 · 1 tie · 44% compared"
+
+
+def test_the_exact_column_is_left_out_where_every_method_is_exact(tmp_path):
+    method_run(tmp_path / "pld", "pld", {321: 2.0, 481: 1.0}, [1, 3, 3, 3, 2])
+    assert "Exact" not in wide_table(leaderboard(load_runs(tmp_path))).columns
 
 
 def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):

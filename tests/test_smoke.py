@@ -9,7 +9,7 @@ import pytest
 from bench import smoke as smoke_module
 from bench.errors import MissingArtifactError
 from bench.artifacts import PROJECT_ROOT
-from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
+from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 
 def test_methods_are_every_method_config_vanilla_first():
@@ -18,10 +18,18 @@ def test_methods_are_every_method_config_vanilla_first():
     assert sorted(methods) == sorted(p.stem for p in (PROJECT_ROOT / "conf" / "method").glob("*.yaml"))
 
 
+BFLOAT16_DIVERGENCE = {"turn": 0, "position": 3, "logit_gap": 0.125, "check_gap": 0.02, "tie_distance": 0.02,
+                       "numeric_tie": True}
+
+
 def fake_run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """Stands in for a real run: writes a hand-built run, or fails as a method without artifacts / a broken one."""
     assert "task=all" in overrides and "task.limit=1" in overrides
-    if method == "vanilla":
+    if "model=smollm2_135m_bf16" in overrides:  # the bfloat16 check: one question differs at BFLOAT16_DIVERGENCE
+        answers = [record(321, "qa", method, [[1, 11]], [0.5], exact_match=False, divergence=BFLOAT16_DIVERGENCE),
+                   record(481, "rag", method, [[1, 11]], [0.5])]
+        write_run(out_dir, method, answers, vanilla_records(BASE_TIME))
+    elif method == "vanilla":
         write_run(out_dir, "vanilla", vanilla_records(BASE_TIME))
     elif method == "pld":
         method_run(out_dir, "pld", {qid: 2.0 for qid, _ in QUESTIONS}, [1, 3, 3, 3, 2])
@@ -49,6 +57,19 @@ def test_smoke_skips_missing_artifacts_fails_on_errors_and_checks_the_baseline(t
     assert "FAILED sps:" in text and "RuntimeError: sps is broken" in text
     assert smoke_module.smoke(out, ["vanilla"], overrides, baseline) == 1  # pld is in the baseline, not skipped
     assert "FAIL  pld / overall: in the baseline but not in these runs" in capsys.readouterr().out
+
+
+def test_smoke_fails_when_a_bfloat16_divergence_is_not_a_proven_tie(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(smoke_module, "run_method", fake_run_method)
+    out, baseline = tmp_path / "smoke", tmp_path / "baseline.json"
+    overrides = list(smoke_module.DEFAULT_OVERRIDES)
+    assert smoke_module.smoke(out, ["vanilla", "pld"], overrides, baseline, update=True) == 0
+    assert "bfloat16 check: 2 questions, 1 exact, 1 numeric tie(s) proven in float32, 0 failure(s)" in \
+        capsys.readouterr().out
+    monkeypatch.setitem(BFLOAT16_DIVERGENCE, "numeric_tie", False)
+    assert smoke_module.smoke(out, ["vanilla", "pld"], overrides, baseline) == 1
+    text = capsys.readouterr().out
+    assert "regress: passed" in text and "FAILED the bfloat16 check" in text and "question 321" in text
 
 
 def test_smoke_never_wipes_a_folder_it_did_not_make(tmp_path):

@@ -9,7 +9,9 @@
   batched, from the batch's start), for the method and its vanilla baseline.
 - mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00).
 - accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
-- exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling).
+- exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling);
+  exact_until_divergence = share of vanilla's tokens reproduced before each question's first divergence (1.0 when
+  every question matches; after a divergence the texts differ, so the rest measures different text).
 - speedup_ci_low / speedup_ci_high = 95% percentile interval of the speedup from a paired bootstrap over questions
   (seeded; NaN under two paired questions). #MAT has none: under greedy decoding it is the same every run.
 - cpu_share / starved: bench.measure.contention's starvation check over the method's and its paired vanilla's turns.
@@ -135,6 +137,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "baseline_joules_per_token": joules_per_token([b for _, b in pairs]),
         "exact_match": sum(matches) / len(matches) if matches else math.nan,
         "numeric_ties": sum(bool(d.get("numeric_tie")) for d in divergences),
+        "exact_until_divergence": matched_share(records, baselines) if matches else math.nan,
         "cpu_share": share,
         "starved": is_starved(share, threshold),
     }
@@ -160,3 +163,21 @@ def summarize(method: str, records: list[dict], baselines: dict[int, dict], *,
     rows = [_row(method, task, rs, baselines, *settings) for task, rs in by_task.items()]
     rows.append(_row(method, "overall", records, baselines, *settings))
     return pd.DataFrame(rows)
+
+
+def matched_share(records: list[dict], baselines: dict[int, dict]) -> float:
+    """exact_match until divergence: the share of vanilla's tokens (all turns) a method reproduced before its first
+    divergence (the record's `divergence`: turn, position), over the judged records with a baseline; NaN if none."""
+    matched = total = 0
+    for record in records:
+        base = baselines.get(record["question_id"])
+        if base is None or record.get("exact_match") is None:
+            continue
+        lengths = base["choices"][0]["new_tokens"]
+        total += sum(lengths)
+        divergence = record.get("divergence")
+        if record["exact_match"] or not divergence:
+            matched += sum(lengths) if record["exact_match"] else 0
+        else:
+            matched += sum(lengths[: divergence.get("turn", 0)]) + divergence["position"]
+    return matched / total if total else math.nan

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench.artifacts import PROJECT_ROOT
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
+from bench.models import cpu_bfloat16_support
 from bench.planning.profile import device_name
 from bench.records import config_key
 
@@ -57,6 +58,7 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
         "dtype": cfg.model.dtype,
+        "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -21,7 +21,7 @@ from bench.measure.exactness import find_divergence
 from bench.measure.gpu import GpuMonitor
 from bench.measure.metrics import speedup_text, summarize
 from bench.measure.provenance import run_keys, run_metadata, starvation_facts
-from bench.models import context_window, eos_token_ids, load_model, resolve_device
+from bench.models import context_window, eos_token_ids, load_check_model, load_model, resolve_device
 from bench.planning.profile import profile_for_run
 from bench.records import AnswerFile, answer_record
 from bench.validate import validate
@@ -84,6 +84,14 @@ class BenchmarkRun:
         self.baselines = self.answers if self.is_vanilla else AnswerFile(out_dir / "baseline.jsonl",
                                                                          self.baseline_key, strict=False)
         self.skipped = AnswerFile(out_dir / "skipped.jsonl", method_key, strict=False)  # prompts too long for the model
+        self._tie_judge = None  # loaded at the first divergence: model.tie_check_dtype's copy of the target
+
+    def tie_judge(self):
+        """The model that decides numeric ties: a copy of the target in model.tie_check_dtype, else the target."""
+        if self._tie_judge is None:
+            copy = load_check_model(self.cfg.model, self.device, self.cfg.model.get("tie_check_dtype"))
+            self._tie_judge = self.model if copy is None else copy
+        return self._tie_judge
 
     def warm_up(self, todo: list[dict]) -> None:
         """Untimed decoding of the first question that fits, so first-call costs miss the first question."""
@@ -140,7 +148,8 @@ class BenchmarkRun:
         elif question["question_id"] in baselines:
             base = baselines.records[question["question_id"]]
             record["exact_match"] = [t["token_ids"] for t in turns] == base["choices"][0]["token_ids"]
-            record["divergence"] = find_divergence(self.model, turns, base, cfg.model.tie_margin)
+            judge = None if record["exact_match"] else self.tie_judge()
+            record["divergence"] = find_divergence(self.model, turns, base, cfg.model.tie_margin, judge)
         self.answers.append(record)
         self.gpu.sample()
 

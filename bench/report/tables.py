@@ -32,6 +32,9 @@ OVERALL_COLUMN = "Overall"
 ENERGY_COLUMN = "J/token"  # GPU energy per generated token (NVML); only in tables whose runs measured it
 
 
+EXACT_COLUMN = "Exact"  # exact_match, numeric ties, share compared; only in tables where some method is not exact
+
+
 ENERGY_COLUMNS = ["joules_per_token", "baseline_joules_per_token"]
 
 
@@ -71,7 +74,7 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     """leaderboard() of runs already reduced by select_latest, with their method_labels."""
     columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
-               "exact_match", "numeric_ties", "exact_match_or_tie", "diverged_questions", "cpu_share", "starved",
+               "exact_match", "numeric_ties", "exact_match_or_tie", "exact_until_divergence", "diverged_questions", "cpu_share", "starved",
                *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
                "runs"]
     if latest.empty:
@@ -121,6 +124,8 @@ def wide_table(board: pd.DataFrame) -> pd.DataFrame:
         row[OVERALL_COLUMN], intervals[OVERALL_COLUMN] = _speedup_of(by_task, "overall")
         if "joules_per_token" in board and board.joules_per_token.notna().any():
             row[ENERGY_COLUMN] = overall.joules_per_token
+        if (board.exact_match < 1).any():
+            row[EXACT_COLUMN] = (overall.exact_match, overall.numeric_ties, overall.get("exact_until_divergence"))
         row["_intervals"], row["_partial"] = intervals, any(t not in by_task.index for t in all_tasks)
         row["_starved"] = is_flagged(overall.starved)
         rows.append(row)
@@ -146,7 +151,9 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     method that lacks some tasks, ⚠ on one timed while starved of CPU."""
     shown = pd.DataFrame({"Method": table.Method})
     for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
-        if heading in (MAT_COLUMN, ENERGY_COLUMN):
+        if heading == EXACT_COLUMN:
+            shown[heading] = table[heading].map(exactness_text)
+        elif heading in (MAT_COLUMN, ENERGY_COLUMN):
             digits = 2 if heading == MAT_COLUMN else 3
             shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.{digits}f}")
         else:
@@ -155,6 +162,18 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     shown[OVERALL_COLUMN] += [(" †" if partial else "") + (" ⚠" if starved else "") for partial, starved in
                               zip(table._partial, table._starved)]
     return shown
+
+
+def exactness_text(value: tuple) -> str:
+    """`0.42 · 7 ties · 81% compared`: exact_match, numeric ties, and the share of vanilla's tokens compared before
+    the first divergences (exact_until_divergence); `1.00` when every question matched."""
+    exact, ties, until = value
+    if exact is None or pd.isna(exact):
+        return "—"
+    if exact == 1:
+        return "1.00"
+    compared = "" if until is None or pd.isna(until) else f" · {until:.0%} compared"
+    return f"{exact:.2f} · {int(ties)} tie{'s' * (int(ties) != 1)}{compared}"
 
 
 def markdown(frame: pd.DataFrame) -> str:
