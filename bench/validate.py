@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning
 from bench.errors import ConfigError
 from bench.models import DTYPES
 from tasks.prompts import PROMPT_FORMATS
@@ -43,14 +44,21 @@ RULES = [
     ("model.dtype", lambda v: v in DTYPES, "one of " + ", ".join(DTYPES)),
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
-    ("method.budget", lambda v: v in ("upstream", "auto"), "upstream or auto"),
-    ("method.batch_policy", lambda v: v in ("always", "adaptive"), "always or adaptive"),
+    ("method.sizing", lambda v: v in SIZINGS, " or ".join(SIZINGS)),
+    *((f"method.{key}", lambda v, meaning=tuple(meaning): v is None or v in meaning,
+       " or ".join(meaning) + " (deprecated: method.sizing)") for key, meaning in DEPRECATED_SIZING.items()),
     ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
      f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
      " or ".join(ATTENTION_IMPLEMENTATIONS) + " (flash attention ignores the 4-D tree masks verification needs)"),
 ]
 _ABSENT = object()
+
+
+def _sizing_asked(method: DictConfig) -> list[tuple[str, str]]:
+    """(key, value) of each spelling of method.sizing=auto that `method` sets (sizing, or a deprecated one)."""
+    asked = [("sizing", method.get("sizing"))] if method.get("sizing") == "auto" else []
+    return asked + [(key, method.get(key)) for key in DEPRECATED_SIZING if deprecated_meaning(method, key) == "auto"]
 
 
 def validate(cfg: DictConfig) -> None:
@@ -60,14 +68,8 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not accepts(value):
             problems.append(f"{key}={value}: must be {allowed}")
-    if OmegaConf.select(cfg, "method.budget", default=None) == "auto" and cfg.method.get("drafter") is None:
-        problems.append(f"method.budget=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
-    if OmegaConf.select(cfg, "method.batch_policy", default=None) == "adaptive":
-        if cfg.method.get("drafter") is None:
-            problems.append(f"method.batch_policy=adaptive: method={cfg.method.name} drafts nothing, so there is "
-                            f"nothing to switch off")
-        if OmegaConf.select(cfg, "method.budget", default=None) == "auto":
-            problems.append("method.batch_policy=adaptive and method.budget=auto: adaptive already sizes every step "
-                            "(it is budget=auto at the run's batch size); set only one")
+    if cfg.method.get("drafter") is None:
+        problems += [f"method.{key}={value}: method={cfg.method.name} drafts nothing, so there is nothing to size"
+                     for key, value in _sizing_asked(cfg.method)]
     if problems:
         raise ConfigError("\n".join(problems))

@@ -255,8 +255,8 @@ class EagleDrafter(Drafter):
         return positions, q.gather(-1, positions).clamp(min=1e-30).log(), self.vocab.full_probs(q)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        if budget <= 1:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        if max_tokens <= 1:
             return None
         root_feature = self._feed_pending(context)  # f^ at the root's position: predicts the depth-1 tokens
         if self.static_children is None:

@@ -248,8 +248,8 @@ class HydraDrafter(LastFeatureDrafter):
         return path[::-1]
 
     @torch.inference_mode()
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        if budget <= 1:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        if max_tokens <= 1:
             return None
         root = self.embed(torch.tensor([context[-1]], device=self.hidden.device))  # [1, H]
         tokens = torch.zeros(len(self.template), dtype=torch.long, device=self.hidden.device)

@@ -123,12 +123,12 @@ class LookaheadDrafter(Drafter):
         if len(tails) > self.G:
             del tails[next(iter(tails))]
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        if budget <= 1:  # the next token is the last one: nothing to speculate on
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        if max_tokens <= 1:  # the next token is the last one: nothing to speculate on
             return None
         self.context, self.root = context, context[-1]
         tails = self.pool.get(self.root, {})
-        tokens, parents = trie(tail[: min(budget - 1, self.max_draft)] for tail in tails)
+        tokens, parents = trie(tail[: min(max_tokens - 1, self.max_draft)] for tail in tails)
         aux_depths, aux_mask = window_layout(len(self.base) + 1, len(self.levels))
         aux_tokens = self.base + [token for level in self.levels for token in level]
         return DraftTree(tokens, parents, aux_tokens=aux_tokens, aux_depths=aux_depths, aux_mask=aux_mask)

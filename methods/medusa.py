@@ -152,10 +152,10 @@ class MedusaDrafter(LastFeatureDrafter):
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         """The static tree with this step's candidates, left on the device: the engine reads them back with its
         acceptance copy, so drafting makes no host sync."""
-        if budget <= 1:
+        if max_tokens <= 1:
             return None
         candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
                                   for k in range(self.num_used_heads)])  # [heads, top_k]

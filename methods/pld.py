@@ -37,12 +37,12 @@ class PromptLookupDrafter(Drafter):
                     table[ngram] = end
         self.indexed_until = max(self.indexed_until, len(context) - 1)
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self._index_up_to(context)
         for n in range(min(self.max_ngram_size, len(context) - 1), 0, -1):
             start = self.continuation_start[n - 1].get(tuple(context[-n:]))
             if start is not None:
-                draft = context[start : start + min(self.num_pred_tokens, budget - 1)]
+                draft = context[start : start + min(self.num_pred_tokens, max_tokens - 1)]
                 for i, token in enumerate(draft):
                     if token in self.eos_token_ids:
                         draft = draft[:i]

@@ -121,9 +121,9 @@ class RecyclingDrafter(Drafter):
             self.matrix = AdjacencyMatrix(self.vocab_size, self.k, self.device)
         self.root = None  # the next root: known from propose's context or the previous step's bonus token
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self.root = context[-1]
-        if budget <= 1:
+        if max_tokens <= 1:
             return None
         return self.template.shape.with_tokens(DeviceTokens(self.template.fill(self.matrix.successors, self.root,
                                                                                 self.layout)))

@@ -67,8 +67,8 @@ class RestDrafter(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         pass
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
-        length = min(self.draft_length, budget - 1)
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        length = min(self.draft_length, max_tokens - 1)
         if length < 1:
             return None
         continuations = self.datastore.retrieve(context, self.max_token_span, 2, self.max_matches, length)

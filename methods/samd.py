@@ -71,16 +71,16 @@ class SamdDrafter(Drafter):
             if self.corpus is not None:
                 self.corpus_match = self.corpus.advance(self.corpus_match, token)
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self.commit(context[len(self.automaton.tokens) : -1])  # everything but the root, which is not decided yet
-        root, wanted = context[-1], min(self.n_predicts - 1, budget - 1)
+        root, wanted = context[-1], min(self.n_predicts - 1, max_tokens - 1)
         self.drafted_from = None
         draft = self.lookup(root, wanted)
         if draft:
             return DraftTree.chain(draft)
         if self.fallback is not None:
             self.drafted_from = "fallback"
-            return self.fallback.propose(context, budget)
+            return self.fallback.propose(context, max_tokens)
         return None
 
     def lookup(self, root: int, wanted: int) -> list[int]:

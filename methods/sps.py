@@ -165,9 +165,9 @@ class DraftModelDrafter(Drafter):
         self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self._base = len(context)
-        n = min(self.num_draft_tokens, budget - 1)  # a step adds accepted drafts + 1 bonus token
+        n = min(self.num_draft_tokens, max_tokens - 1)  # a step adds accepted drafts + 1 bonus token
         if n <= 0:
             return None
         # the root, plus the last chain's final draft if all were kept

@@ -14,8 +14,8 @@ class RepeatLastDrafter(Drafter):
     def start(self, prompt_ids):
         pass
 
-    def propose(self, context, budget):
-        return DraftTree.chain([context[-1]] * min(self.width, budget))
+    def propose(self, context, max_tokens):
+        return DraftTree.chain([context[-1]] * min(self.width, max_tokens))
 
     def update(self, step):
         pass

@@ -48,7 +48,7 @@ class ScriptedByPrompt(Drafter):
     def start(self, prompt_ids):
         self.prompt = tuple(prompt_ids)
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         done = len(context) - len(self.prompt)
         truth = self.references[self.prompt][done : done + self.width]
         wrong = [(t + 1) % VOCAB for t in truth]
@@ -175,7 +175,7 @@ def linear_profile(per_token: float) -> Profile:
 
 
 @pytest.mark.parametrize("per_token, drafts", [(10.0, False), (0.0, True)])
-def test_adaptive_policy_rests_or_drafts_as_the_profile_says(tiny_model, batch_prompts, per_token, drafts, one_thread):
+def test_planned_sizing_rests_or_drafts_as_the_profile_says(tiny_model, batch_prompts, per_token, drafts, one_thread):
     """Verification 10x a plain step per extra token: after the warm-up only probes draft. Free verification: every
     step drafts. Lossless either way."""
     references = {tuple(p): vanilla_tokens(tiny_model, p, 40) for p in batch_prompts}
@@ -221,13 +221,11 @@ def test_cli_batched_run_records_throughput_and_latency(compose, tmp_path):
 def test_batched_out_dir_and_labels(tiny_checkpoint, tmp_path):
     from bench.config import compose_config
 
-    cfg = compose_config("method=pld", "gen.batch_size=4", "method.batch_policy=adaptive", "task=qa")
-    assert cfg.out_dir.endswith("/pld+adaptive/qa-batch4")
+    cfg = compose_config("method=pld", "gen.batch_size=4", "method.sizing=auto", "task=qa")
+    assert cfg.out_dir.endswith("/pld+auto/qa-batch4")  # the same label as at batch 1
     assert compose_config("method=pld", "task=qa").out_dir.endswith("/pld/qa")
     with pytest.raises(ConfigError, match="method.batch_policy=adaptive: method=vanilla drafts nothing"):
         validate(compose_config("method=vanilla", "+method.batch_policy=adaptive"))
-    with pytest.raises(ConfigError, match="set only one"):
-        validate(compose_config("method=pld", "method.batch_policy=adaptive", "method.budget=auto"))
     with pytest.raises(ConfigError, match="gen.batch_size=0: must be an integer >= 1"):
         validate(compose_config("method=pld", "gen.batch_size=0"))
 

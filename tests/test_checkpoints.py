@@ -43,7 +43,7 @@ def first_proposal(drafter, model) -> list[tuple[int, ...]]:
     features = target_features(model, PROMPT)
     root = int(model.get_output_embeddings()(features[-1]).argmax())
     drafter.start(PROMPT, hidden=features)
-    tree = drafter.propose(PROMPT + [root], budget=64)
+    tree = drafter.propose(PROMPT + [root], max_tokens=64)
     paths = []
     for node in range(len(tree.tokens)):
         path = []

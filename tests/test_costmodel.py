@@ -1,5 +1,5 @@
 """The cost model (bench/planning/costmodel.py, bench/planning/profile.py, bench/planning/policy.py): profiles, phase times, predicted speedup,
-budget=auto."""
+method.sizing=auto."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.planning.policy import AutoBudget
+from bench.planning.policy import PlannedDrafter
 from bench.engine.tree import first_nodes
 from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
                                       profile_path, turn_contexts)
@@ -126,12 +126,12 @@ class NoisyOracle(Drafter):
     def start(self, prompt_ids):
         self.prompt = tuple(prompt_ids)
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         if self.clock is not None:
             self.clock.advance(DRAFT)
         truth = self.continuations[self.prompt][len(context) - len(self.prompt):]
         chain = []
-        for i, token in enumerate(truth[: min(self.width, budget - 1)]):
+        for i, token in enumerate(truth[: min(self.width, max_tokens - 1)]):
             if self.rng.random() < self.q[i]:
                 chain.append(token)
             else:
@@ -212,9 +212,9 @@ def test_tree_steps_are_predicted_from_the_tree_points(slow_model, clock, prompt
         assert method - short == pytest.approx(TREE_MASK * masks, rel=1e-9)
 
 
-def test_budget_auto_picks_the_known_best_size(slow_model, clock, prompts):
+def test_sizing_auto_picks_the_known_best_size(slow_model, clock, prompts):
     """With node i accepted with probability q[0] x ... x q[i] and a linear t(L), the best chain length is known
-    (3 here, ~9% ahead of 2 and 4); after its warm-up, AutoBudget verifies that many tokens on most steps, and stays
+    (3 here, ~9% ahead of 2 and 4); after its warm-up, PlannedDrafter verifies that many tokens on most steps, and stays
     lossless."""
     q, width = [0.95] * 3 + [0.2] * 5, 8
     profile = linear_profile(BASE, BASE / 3)  # what the planner believes (it plans from the profile alone)
@@ -224,8 +224,8 @@ def test_budget_auto_picks_the_known_best_size(slow_model, clock, prompts):
     known_best, _ = best_size(truth[1:], 64, profile)
     assert known_best == 3
     continuations = {tuple(p): vanilla_tokens(slow_model, p, 60) for p in prompts}
-    auto = AutoBudget(NoisyOracle(continuations, width, q, seed=1), profile, slow_model.device, probe_share=0.05,
-                      clock=clock)
+    auto = PlannedDrafter(NoisyOracle(continuations, width, q, seed=1), profile, slow_model.device, probe_share=0.05,
+                          clock=clock)
     engine = SpeculativeEngine(slow_model, auto)
     for prompt in prompts:
         assert engine.generate(prompt, StopCondition(60)).tokens == continuations[tuple(prompt)]
@@ -233,18 +233,18 @@ def test_budget_auto_picks_the_known_best_size(slow_model, clock, prompts):
     assert statistics.mode(planned) == known_best and planned.count(known_best) > 0.7 * len(planned)
 
 
-def test_budget_auto_stops_drafting_when_nothing_pays(tiny_model, prompts, one_thread):
+def test_sizing_auto_stops_drafting_when_nothing_pays(tiny_model, prompts, one_thread):
     """Verification that costs 20 x a single-token forward per extra token: no draft pays, so after the warm-up the
     drafter is not called, except for rare probes."""
     profile = Profile(SETTING, [1, 2], [16], [[0.001, 0.021]])
     calls = []
 
     class Counting(PromptLookupDrafter):
-        def propose(self, context, budget):
+        def propose(self, context, max_tokens):
             calls.append(len(context))
-            return super().propose(context, budget)
+            return super().propose(context, max_tokens)
 
-    auto = AutoBudget(Counting(tiny_model), profile, tiny_model.device, warmup_steps=4)
+    auto = PlannedDrafter(Counting(tiny_model), profile, tiny_model.device, warmup_steps=4)
     engine = SpeculativeEngine(tiny_model, auto)
     for prompt in prompts:
         assert engine.generate(prompt, StopCondition(40)).tokens == vanilla_tokens(tiny_model, prompt, 40)
@@ -259,22 +259,22 @@ def test_first_nodes_keep_a_tree_and_its_window():
     assert cut.aux_tokens == [1, 2] and cut.siblings == "without_replacement" and first_nodes(tree, 9) is tree
 
 
-def test_budget_auto_trees_are_lossless(tiny_model, prompts, one_thread):
+def test_sizing_auto_trees_are_lossless(tiny_model, prompts, one_thread):
     torch.manual_seed(0)
     heads = MedusaHeads(64, 3).double()
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.05)
     profile = linear_profile(0.001, 0.0002)
-    auto = AutoBudget(MedusaDrafter(tiny_model, choices="mc_sim_7b_63", tree_size=20, heads=heads), profile,
-                      tiny_model.device)
+    auto = PlannedDrafter(MedusaDrafter(tiny_model, choices="mc_sim_7b_63", tree_size=20, heads=heads), profile,
+                          tiny_model.device)
     engine = SpeculativeEngine(tiny_model, auto)
     for prompt in prompts:
         assert engine.generate(prompt, StopCondition(40)).tokens == vanilla_tokens(tiny_model, prompt, 40)
     assert None in auto.plans and len(set(auto.plans)) > 1
 
 
-def test_run_with_budget_auto_makes_the_profile_and_reports_time_shares(compose, tmp_path):
-    summary = run(compose("method=pld", "method.budget=auto", "task=qa", "task.limit=2"))
+def test_run_with_sizing_auto_makes_the_profile_and_reports_time_shares(compose, tmp_path):
+    summary = run(compose("method=pld", "method.sizing=auto", "task=qa", "task.limit=2"))
     out = tmp_path / "run"
     answers = read_jsonl(out / "answers.jsonl")
     assert {a["method"] for a in answers} == {"pld+auto"} and all(a["exact_match"] for a in answers)
@@ -290,13 +290,17 @@ def test_out_dir_names_auto_runs_apart(compose):
     from bench.config import compose_config
 
     assert compose_config("method=pld").out_dir.endswith("/pld/mt_bench")
-    assert compose_config("method=pld", "method.budget=auto").out_dir.endswith("/pld+auto/mt_bench")
+    assert compose_config("method=pld", "method.sizing=auto").out_dir.endswith("/pld+auto/mt_bench")
 
 
-def test_budget_auto_is_refused_for_vanilla_and_bad_values(compose):
+def test_sizing_auto_is_refused_for_vanilla_and_bad_values(compose):
     from bench.errors import ConfigError
     from bench.validate import validate
 
+    with pytest.raises(ConfigError, match="method.sizing=auto: method=vanilla drafts nothing"):
+        validate(compose("+method.sizing=auto"))
+    with pytest.raises(ConfigError, match="method.sizing=big: must be upstream or auto"):
+        validate(compose("method=pld", "method.sizing=big"))
     with pytest.raises(ConfigError, match="method.budget=auto: method=vanilla drafts nothing"):
         validate(compose("+method.budget=auto"))
     with pytest.raises(ConfigError, match="method.budget=big: must be upstream or auto"):
@@ -310,7 +314,7 @@ def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compos
     from tests.test_report import table_rows
 
     run(compose("method=pld", "task=qa", "task.limit=2", "out_dir=" + str(tmp_path / "runs" / "pld")))
-    run(compose("method=pld", "method.budget=auto", "task=qa", "task.limit=2",
+    run(compose("method=pld", "method.sizing=auto", "task=qa", "task.limit=2",
                 "out_dir=" + str(tmp_path / "runs" / "pld+auto")))
     board = write_report(tmp_path / "runs", tmp_path / "report")
     overall = board[board.task == "overall"].set_index("method")

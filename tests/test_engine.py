@@ -23,7 +23,7 @@ class ScriptedDrafter(Drafter):
     def start(self, prompt_ids):
         pass
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         done = len(context) - self.prompt_len  # tokens generated so far, the root included
         truth = self.reference[done : done + self.width]
         wrong = [(t + 1) % VOCAB for t in truth]

@@ -42,7 +42,7 @@ class RandomChainDrafter(Drafter):
     def start(self, prompt_ids):
         pass
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         probs = torch.rand(3, VOCAB, generator=self.generator, dtype=torch.float64).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
         return DraftTree.chain(tokens.tolist(), probs.to(self.device))

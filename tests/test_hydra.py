@@ -48,7 +48,7 @@ def test_heads_read_the_draft_tokens_above_them(tiny_model):
     with torch.inference_mode():
         drafter.start([1, 2, 3], hidden=tiny_model(input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True)
                       .hidden_states[-1][0])
-        tree = drafter.propose([1, 2, 3, 4], budget=10)
+        tree = drafter.propose([1, 2, 3, 4], max_tokens=10)
     assert tree.parents == [-1, -1, 0, 1] and tree.tokens[0] != tree.tokens[1]
     heads = random_heads(1, num_heads=2)
     path_a = tiny_model.get_input_embeddings()(torch.tensor([[4, tree.tokens[0]]]))
@@ -145,9 +145,9 @@ def test_hydra_plus_plus_is_lossless_and_its_prefix_sees_the_accepted_context(ti
     seen = []
 
     class Checked(Recorder):
-        def propose(self, context, budget):
+        def propose(self, context, max_tokens):
             seen.append((list(context), self.hidden.clone()))
-            return super().propose(context, budget)
+            return super().propose(context, max_tokens)
 
     accepted = []
     for prompt in prompts:

@@ -33,7 +33,7 @@ def test_aux_rows_are_scored_as_their_own_sequences(tiny_model, prompts):
     drafter.start(prompt)
     root = 7
     drafter.pool[root] = {(8, 9, 10): None, (8, 11, 12): None}
-    tree = drafter.propose(prompt + [root], budget=50)
+    tree = drafter.propose(prompt + [root], max_tokens=50)
     assert tree.tokens == [8, 9, 10, 11, 12] and tree.parents == [-1, 0, 1, 0, 3]
     engine = SpeculativeEngine(tiny_model)
     with torch.inference_mode():
@@ -64,7 +64,7 @@ def test_pool_takes_finished_columns_and_keeps_the_latest_g():
     drafter.start([50, 51])
     drafter.base, drafter.levels = [10, 11], [[20, 21, 22], [30, 31, 32]]
     drafter.column_age = [2, 2, 1]  # column 2 has taken only one Jacobi step: its n-gram is not finished
-    tree = drafter.propose([50, 51, 7], budget=50)
+    tree = drafter.propose([50, 51, 7], max_tokens=50)
     drafter.update(step_with_top_level(drafter, tree, top=[40, 41, 42], accepted=[1]))
     assert drafter.pool == {7: {(20, 30, 40): None}, 10: {(21, 31, 41): None}}
 
@@ -74,16 +74,16 @@ def test_pool_takes_finished_columns_and_keeps_the_latest_g():
     assert list(drafter.pool[7]) == [(20, 30, 40), (2, 2, 2)]
 
 
-def test_pool_is_verified_as_a_trie_cut_to_the_budget():
+def test_pool_is_verified_as_a_trie_cut_to_max_tokens():
     drafter = LookaheadDrafter(window_size=3, ngram_size=4, guess_set_size=3)
     drafter.start([1, 2, 3])
     drafter.pool[3] = {(5, 6, 7): None, (5, 6, 8): None, (9, 1, 2): None}
-    tree = drafter.propose([1, 2, 3], budget=50)
+    tree = drafter.propose([1, 2, 3], max_tokens=50)
     assert (tree.tokens, tree.parents) == ([5, 6, 7, 8, 9, 1, 2], [-1, 0, 1, 1, -1, 4, 5])
     assert tree.aux_tokens == drafter.base + drafter.levels[0] + drafter.levels[1]
-    tree = drafter.propose([1, 2, 3], budget=3)
+    tree = drafter.propose([1, 2, 3], max_tokens=3)
     assert (tree.tokens, tree.parents) == ([5, 6, 9, 1], [-1, 0, -1, 2])
-    assert drafter.propose([1, 2, 3], budget=1) is None
+    assert drafter.propose([1, 2, 3], max_tokens=1) is None
 
 
 @pytest.mark.parametrize("advance", [1, 2, 3, 4, 5, 6])
@@ -97,7 +97,7 @@ def test_window_keeps_every_guess_at_its_position(advance):
     drafter.base = [truth[p + 1 + i] for i in range(W - 1)]
     drafter.levels = [[truth[p + j + level] for j in range(W)] for level in range(1, N - 1)]
     drafter.column_age = [5, 6, 7, 8]
-    tree = drafter.propose(truth[: p + 1], budget=50)
+    tree = drafter.propose(truth[: p + 1], max_tokens=50)
     top = [truth[p + j + N - 1] for j in range(W)]
     drafter.update(step_with_top_level(drafter, tree, top, accepted=truth[p + 1 : p + 1 + advance]))
     q, kept = p + advance, max(W - (advance - 1), 0)  # the new root's position, columns that survive
@@ -155,7 +155,7 @@ def test_max_accept_n_minus_1_verifies_all_but_each_ngrams_last_token():
         drafter = LookaheadDrafter(window_size=3, ngram_size=4, guess_set_size=3, max_accept=max_accept)
         drafter.start([1, 2, 3])
         drafter.pool[3] = dict(pool)
-        tree = drafter.propose([1, 2, 3], budget=50)
+        tree = drafter.propose([1, 2, 3], max_tokens=50)
         assert (tree.tokens, tree.parents) == expected
 
 
@@ -180,19 +180,19 @@ def test_upstream_initial_window_grows_a_level_per_step_then_pools_every_column(
     assert drafter.base == [lade.choice(context) for _ in range(W + N - 3)] and drafter.levels == []
     base0 = list(drafter.base)
 
-    tree = drafter.propose(context + [7], budget=50)
+    tree = drafter.propose(context + [7], max_tokens=50)
     assert tree.aux_tokens == base0 and tree.aux_depths == [1, 2, 3, 4]
     assert torch.equal(tree.aux_mask, torch.ones(4, 4, dtype=torch.bool).tril())
     drafter.update(step_with_top_level(drafter, tree, top=[10, 11, 12, 13], accepted=[8]))
     assert (drafter.base, drafter.levels, drafter.pool) == (base0[1:], [[10, 11, 12, 13]], {})
 
-    tree = drafter.propose(context + [7, 8], budget=50)
+    tree = drafter.propose(context + [7, 8], max_tokens=50)
     assert tree.aux_tokens == base0[1:] + [10, 11, 12, 13]
     drafter.update(step_with_top_level(drafter, tree, top=[20, 21, 22, 23], accepted=[9]))
     assert (drafter.base, drafter.levels, drafter.pool) == (base0[2:], [[11, 12, 13], [21, 22, 23]], {})
 
     drafter.column_age = [0] * W  # fresh guesses everywhere: ours would pool nothing, lade pools them all
-    tree = drafter.propose(context + [7, 8, 9], budget=50)
+    tree = drafter.propose(context + [7, 8, 9], max_tokens=50)
     drafter.update(step_with_top_level(drafter, tree, top=[30, 31, 32], accepted=[4]))
     pooled = {(key, tail) for key, tails in drafter.pool.items() for tail in tails}
     assert pooled == {(9, (11, 21, 30)), (base0[2], (12, 22, 31)), (base0[3], (13, 23, 32))}
@@ -202,7 +202,7 @@ def test_ours_pools_only_columns_that_took_n_minus_2_jacobi_steps():
     drafter = LookaheadDrafter(window_size=3, ngram_size=4, guess_set_size=4)
     drafter.start([50, 51])
     drafter.column_age = [0] * 3
-    tree = drafter.propose([50, 51, 7], budget=50)
+    tree = drafter.propose([50, 51, 7], max_tokens=50)
     drafter.update(step_with_top_level(drafter, tree, top=[30, 31, 32], accepted=[4]))
     assert drafter.pool == {}
 
@@ -213,7 +213,7 @@ def test_slide_one_moves_the_window_one_column_whatever_was_accepted():
     drafter = LookaheadDrafter(window_size=3, ngram_size=4, guess_set_size=4, slide="one")
     drafter.start([50, 51])
     drafter.base, drafter.levels = [10, 11], [[20, 21, 22], [30, 31, 32]]
-    tree = drafter.propose([50, 51, 7], budget=50)
+    tree = drafter.propose([50, 51, 7], max_tokens=50)
     draws = drafter.rng.getstate()
     drafter.update(step_with_top_level(drafter, tree, top=[40, 41, 42], accepted=[1, 2, 3]))
     assert (drafter.base, drafter.levels) == ([21, 22], [[30, 31, 32], [40, 41, 42]])

@@ -12,10 +12,10 @@ from tests.conftest import VOCAB
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 
 
-def proposal(context: list[int], budget: int = 100, **knobs) -> list[int] | None:
+def proposal(context: list[int], max_tokens: int = 100, **knobs) -> list[int] | None:
     drafter = PromptLookupDrafter(**knobs)
     drafter.start(context)
-    tree = drafter.propose(context, budget)
+    tree = drafter.propose(context, max_tokens)
     return None if tree is None else tree.tokens
 
 
@@ -33,11 +33,11 @@ def test_latest_or_first_occurrence():
     assert proposal(context, match="first") == [7, 1, 5, 6, 8, 2, 5, 6]
 
 
-def test_no_match_budget_and_eos():
+def test_no_match_max_tokens_and_eos():
     assert proposal([1, 2, 3, 4]) is None  # the last n-gram never occurred before
     context = [7, 8, 9, 10, 11, 12, 7, 8]
-    assert proposal(context, budget=3) == [9, 10]  # at most budget - 1 drafts
-    assert proposal(context, budget=1) is None
+    assert proposal(context, max_tokens=3) == [9, 10]  # at most max_tokens - 1 drafts
+    assert proposal(context, max_tokens=1) is None
 
     class Target:  # the drafter reads EOS ids from target.generation_config, as transformers does
         generation_config = type("GenerationConfig", (), {"eos_token_id": [11]})()

@@ -52,7 +52,7 @@ def test_fill_takes_each_nodes_token_from_its_parents_row():
 def test_update_learns_from_root_and_every_node_then_drafts_from_it(tiny_model):
     drafter = RecyclingDrafter(tiny_model, k=8)
     drafter.start([1, 2, 3])
-    first = drafter.propose([1, 2, 3, 4], budget=100)
+    first = drafter.propose([1, 2, 3, 4], max_tokens=100)
     assert list(first.tokens) == [0] * 80  # the matrix starts at zeros, as upstream's
     tree = DraftTree([10, 11], [-1, 0])
     logits = torch.zeros(3, 96, dtype=torch.float64)
@@ -63,8 +63,8 @@ def test_update_learns_from_root_and_every_node_then_drafts_from_it(tiny_model):
     assert drafter.matrix.successors[10].tolist() == list(range(40, 48))
     # the next step's root (30, the bonus token) is learned from in the step after it
     assert drafter.root == 30
-    second = drafter.propose([1, 2, 3, 4, 30], budget=100)
-    assert len(second) == 80 and drafter.propose([1, 2, 3, 4, 30], budget=1) is None
+    second = drafter.propose([1, 2, 3, 4, 30], max_tokens=100)
+    assert len(second) == 80 and drafter.propose([1, 2, 3, 4, 30], max_tokens=1) is None
 
 
 def test_greedy_is_lossless_and_drafts_are_accepted(tiny_model, prompts, one_thread):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.artifacts import PROJECT_ROOT
 from bench.report.regress import RegressError, main, regress
 from bench.report.tables import leaderboard
 from bench.report.runs import load_runs
@@ -53,7 +54,7 @@ def edit(baseline: Path, method: str, task: str, **values) -> None:
 def test_update_writes_every_method_and_task_and_an_unchanged_baseline_passes(results, baseline):
     data = json.loads(baseline.read_text())
     assert data["setting"] == {"model": "m", "device": "cpu", "dtype": "bfloat16", "max_new_tokens": 32,
-                               "temperature": 0.0}
+                               "temperature": 0.0, "batch_size": 1}
     assert sorted(data["methods"]) == ["pld", "vanilla"] and len(data["methods"]["pld"]) == 7
     assert data["methods"]["pld"]["qa"] == {"n_questions": 1, "mean_accepted_tokens": 2.4, "exact_match": 1.0,
                                             "speedup": 1.5}
@@ -201,3 +202,41 @@ def test_a_starved_run_is_named_in_a_note(tmp_path, baseline):
     pld_run(tmp_path / "now" / "pld", cpu_share=0.2)
     status, text = check(tmp_path / "now", baseline, allow_missing=True)
     assert status == 0 and "note  pld / overall: timed while starved of CPU (CPU share 20%)" in text
+
+
+def test_a_baseline_written_before_batching_is_batch_ones(results, baseline, tmp_path):
+    """A baseline whose setting has no batch_size (files before batching) is batch 1's: batch-1 runs pass against
+    it, batch-4 runs are of another setting."""
+    data = json.loads(baseline.read_text())
+    del data["setting"]["batch_size"]
+    baseline.write_text(json.dumps(data))
+    assert check(results, baseline)[0] == 0
+    write_run(tmp_path / "b4" / "vanilla", "vanilla", vanilla_records(BASE_TIME), batch_size=4)
+    pld_run(tmp_path / "b4" / "pld", batch_size=4)
+    with pytest.raises(RegressError, match="no runs with the baseline's setting"):
+        regress(tmp_path / "b4", baseline, out=io.StringIO())
+
+
+def board_like(baseline: dict) -> pd.DataFrame:
+    """A leaderboard.csv's rows that measured exactly a baseline's figures, in its setting (batch 1 where absent)."""
+    setting = {"batch_size": 1, **baseline["setting"], "device_name": baseline["provenance"]["device_name"]}
+    return pd.DataFrame([{**setting, "method": method, "task": task, **entry, "exact_match_or_tie": 1.0,
+                          "numeric_ties": 0, "diverged_questions": "", "speedup_ci_low": entry["speedup"],
+                          "speedup_ci_high": entry["speedup"], "cpu_share": 1.0, "starved": False}
+                         for method, tasks in baseline["methods"].items() for task, entry in tasks.items()])
+
+
+@pytest.mark.parametrize("batch_column", [True, False])
+def test_the_committed_baseline_is_accepted_by_the_gate(tmp_path, batch_column):
+    """results/baselines/smollm2_135m-cpu.json: a leaderboard with its own figures passes against it, with or
+    without a batch_size column (leaderboards written before batching); the file's methods keep their labels."""
+    path = PROJECT_ROOT / "results" / "baselines" / "smollm2_135m-cpu.json"
+    data = json.loads(path.read_text())
+    assert data["setting"]["batch_size"] == 1 and not any("+adaptive" in m for m in data["methods"])
+    board = board_like(data)
+    (tmp_path / "report").mkdir()
+    board.drop(columns=[] if batch_column else ["batch_size"]).to_csv(tmp_path / "report" / "leaderboard.csv")
+    status, text = check(tmp_path / "report", path)
+    entries = sum(len(tasks) for tasks in data["methods"].values())
+    assert status == 0 and f"passed: 0 problem(s); {entries} baseline method x task entries" in text
+    assert "batch_size=1" in text

@@ -132,7 +132,7 @@ class SeedRecorder(Drafter):
     def start(self, prompt_ids, seed=None):
         self.seeds.append(seed)
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         return None
 
     def update(self, step):
@@ -140,11 +140,11 @@ class SeedRecorder(Drafter):
 
 
 def test_engines_hand_each_turn_and_row_its_drafter_seed(tiny_model, prompts):
-    from bench.planning.policy import AutoBudget
+    from bench.planning.policy import PlannedDrafter
     from tests.test_costmodel import linear_profile
 
     recorder = SeedRecorder()
-    engine = SpeculativeEngine(tiny_model, AutoBudget(recorder, linear_profile(), tiny_model.device), T1)
+    engine = SpeculativeEngine(tiny_model, PlannedDrafter(recorder, linear_profile(), tiny_model.device), T1)
     engine.generate(prompts[0], StopCondition(2), seed=5)
     engine.generate(prompts[0], StopCondition(2))
     assert recorder.seeds == [drafter_seed(5), None]

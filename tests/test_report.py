@@ -330,22 +330,23 @@ def test_spec_bench_arithmetic_on_hand_built_files_with_uneven_questions(tmp_pat
 
 
 def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
-    """pld at batch 1, 2, 4 (1.5x, 1.0x, 0.5x over vanilla at the same batch size), pld+adaptive at batch 2 and 4
-    (1.02x, 0.97x), sps at batch 1 only: one leaderboard per batch size, then a sweep table with a column per batch
-    size and a row per method run at two or more, and its plot."""
+    """pld at batch 1, 2, 4 (1.5x, 1.0x, 0.5x over vanilla at the same batch size), pld+auto at batch 2 and 4
+    (1.02x, 0.97x; the batch-4 run's meta.json spells its sizing batch_policy=adaptive, as runs before
+    method.sizing did), sps at batch 1 only: one leaderboard per batch size, then a sweep table with a column per
+    batch size and a row per method run at two or more, and its plot."""
     everything = {q: 1.0 for q, _ in QUESTIONS}
     for size, factor in ((1, 1.5), (2, 1.0), (4, 0.5)):
         method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [1, 3, 3, 3, 2],
                    batch_size=size)
-    for size, factor in ((2, 1.02), (4, 0.97)):
-        method_run(tmp_path / f"pld-adaptive-b{size}", "pld", {q: factor for q in everything},
-                   [1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1], batch_size=size, batch_policy="adaptive")
+    for size, factor, sizing in ((2, 1.02, {"sizing": "auto"}), (4, 0.97, {"batch_policy": "adaptive"})):
+        method_run(tmp_path / f"pld-auto-b{size}", "pld", {q: factor for q in everything},
+                   [1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1], batch_size=size, sizing=sizing)
     method_run(tmp_path / "sps-b1", "sps", everything, [1, 11])  # at one batch size only: not in the sweep
     out = tmp_path / "report"
     board = write_report(tmp_path, out)
     overall = board[board.task == "overall"].set_index(["method", "batch_size"]).speedup
     assert overall[("pld", 1)] == pytest.approx(1.5) and overall[("pld", 4)] == pytest.approx(0.5)
-    assert overall[("pld+adaptive", 4)] == pytest.approx(0.97)
+    assert overall[("pld+auto", 4)] == pytest.approx(0.97)
     text = (out / "leaderboard.md").read_text()
     assert "max_new_tokens 32 · batch 2" in text and "max_new_tokens 32 · batch 4" in text
     sweep = text[text.index("## Batch-size sweep"):]
@@ -354,6 +355,6 @@ def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
     # vanilla: 12 tokens a turn in 1 s a question, the MT-bench one has two turns: (24 + 5 x 12) / 6 tokens/s
     assert rows[2] == ["vanilla tok/s", "14.0", "14.0 (1.00x)", "14.0 (1.00x)"]
     assert rows[3][0] == "pld" and rows[3][1].startswith("1.50x") and rows[3][3].startswith("0.50x")
-    assert rows[4][0] == "pld+adaptive" and rows[4][1] == "—" and rows[4][2].startswith("1.02x")
+    assert rows[4][0] == "pld+auto" and rows[4][1] == "—" and rows[4][2].startswith("1.02x")
     assert rows[4][3].startswith("0.97x") and len(rows) == 5
     assert len(list(out.glob("batch_sweep-*.png"))) == 1

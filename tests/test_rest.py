@@ -59,10 +59,10 @@ def test_frequent_prefix_trie():
 
 def test_drafter_proposes_the_trie_of_retrieved_continuations(toy_store):
     drafter = RestDrafter(datastore={"path": str(toy_store)}, num_draft=64, draft_length=3)
-    tree = drafter.propose([8, 2, 3], budget=100)
+    tree = drafter.propose([8, 2, 3], max_tokens=100)
     assert (tree.tokens, tree.parents) == ([4, 9, 5, 9, 0, 6, 8], [-1, -1, 0, 1, 2, 2, 3])
-    assert drafter.propose([8, 2, 3], budget=2).tokens == [4, 9]  # at most budget - 1 deep
-    assert drafter.propose([6, 6, 6], budget=100) is None
+    assert drafter.propose([8, 2, 3], max_tokens=2).tokens == [4, 9]  # at most max_tokens - 1 deep
+    assert drafter.propose([6, 6, 6], max_tokens=100) is None
 
 
 def test_missing_datastore_names_path_and_build_command(tmp_path):

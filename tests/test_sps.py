@@ -26,9 +26,9 @@ class Recorder(DraftModelDrafter):
         super().__init__(*args, **kwargs)
         self.log: list[tuple[int, int, int]] = []
 
-    def propose(self, context, budget):
+    def propose(self, context, max_tokens):
         self._gamma = self.num_draft_tokens
-        return super().propose(context, budget)
+        return super().propose(context, max_tokens)
 
     def update(self, step):
         super().update(step)
@@ -41,7 +41,7 @@ def test_greedy_sps_equals_vanilla(tiny_model, prompts, drafts, draft, adaptive,
     for prompt in prompts:
         drafter = Recorder(tiny_model, draft_model=drafts[draft], num_draft_tokens=3, adaptive=adaptive)
         out = assert_lossless(tiny_model, drafter, prompt, 30)
-        if draft == "self":  # every draft is right: only the budget bounds the chain
+        if draft == "self":  # every draft is right: only max_tokens bounds the chain
             assert all(accepted == length for _, length, accepted in drafter.log)
             assert out.steps < 30 / 3
 

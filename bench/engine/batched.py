@@ -19,7 +19,7 @@ row's accepted inputs are moved to the front of those L slots (a gather over the
 so vanilla's batched step copies nothing; when a row leaves, or the slots behind the longest row outgrow
 `max(16, T / 8)`, the cache is compacted in one gather.
 
-`planner` (batch_policy=adaptive): a SpeculationPlanner (bench/planning/policy.py) holding the target's profile at this
+`planner` (method.sizing=auto): a SpeculationPlanner (bench/planning/policy.py) holding the target's profile at this
 batch size decides each step how many nodes every row verifies, and rests the drafters when speculation would lose
 to a plain batched step at the current context length and acceptance. Its probes (whole trees, to keep the
 acceptance estimates current) get BATCH_PROBE_SHARE of the decode time, a third of batch 1's: a batched probe
@@ -42,7 +42,7 @@ from bench.engine.sampling import SamplingConfig, pick_token
 from bench.engine.timing import Clock, PhaseTimer, device_time
 from bench.engine.tree import DraftTree, first_nodes, real_tree
 
-BATCH_PROBE_SHARE = 0.01  # of decode time spent on probes under batch_policy=adaptive (batch 1: 0.03)
+BATCH_PROBE_SHARE = 0.01  # of decode time spent on probes under method.sizing=auto (batch 1: 0.03)
 
 
 class StepPlanner(Protocol):
@@ -194,7 +194,7 @@ class BatchedEngine:
         return [sampling_path(target, draft, tree, generator)
                 for (target, draft), tree, generator in zip(probs, trees, generators)]
 
-    def _propose(self, drafters: list, contexts: list[list[int]], budgets: list[int]) -> list[DraftTree | None]:
+    def _propose(self, drafters: list, contexts: list[list[int]], max_tokens: list[int]) -> list[DraftTree | None]:
         """Each row's tree; under a planner, none when it rests the drafters, else cut to the size that pays for
         the rows that drafted (a probe keeps whole trees)."""
         context_len = max(map(len, contexts)) - 1
@@ -202,7 +202,7 @@ class BatchedEngine:
         if self.drafter is None or not draft:
             return [None] * len(drafters)
         start = device_time(self.device, self.clock)
-        trees = [d.propose(c, b if k is None else min(b, k + 1)) for d, c, b in zip(drafters, contexts, budgets)]
+        trees = [d.propose(c, m if k is None else min(m, k + 1)) for d, c, m in zip(drafters, contexts, max_tokens)]
         trees = [real_tree(t) for t in trees]
         if self.planner is None:
             return trees
@@ -241,8 +241,8 @@ class BatchedEngine:
         del caches
         timer.lap("prefill")
         while active:
-            budgets = [stop.max_new_tokens - len(outs[b].tokens) for b in active]
-            trees = self._propose([drafters[b] for b in active], [contexts[b] for b in active], budgets)  # 2.
+            tokens_left = [stop.max_new_tokens - len(outs[b].tokens) for b in active]
+            trees = self._propose([drafters[b] for b in active], [contexts[b] for b in active], tokens_left)  # 2.
             inputs = state.step_inputs([roots[b] for b in active], trees, self._windows, self.model.dtype)
             sizes = [1 if t is None else 1 + len(t) + len(t.aux_tokens) for t in trees]
             timer.lap("draft")

@@ -22,8 +22,9 @@ class StepResult:
 
 class Drafter:
     """The contract between a method's proposer and the engine: subclass it and override what the method does.
-    `context` is every token so far: prompt, generated tokens and the current root; `budget` is the most tokens the
-    turn still takes (a chain drafter need not propose more).
+    `context` is every token so far: prompt, generated tokens and the current root; `max_tokens` is the most tokens
+    the step may add (accepted drafts plus the target's own next token): what the turn still takes, or fewer where
+    the planner sizes the step (bench/planning/policy.py), so no path of the tree need be longer than max_tokens - 1.
 
     What a drafter declares (class or instance attributes), and what the engine then gives it:
     - `feature_layers`: indices into transformers' `hidden_states` (-1: the last layer after the final norm, what
@@ -48,7 +49,7 @@ class Drafter:
     def start(self, prompt_ids: list[int]) -> None:
         """A new turn begins after `prompt_ids` (with `hidden=` and `seed=` as declared above)."""
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         return None
 
     def update(self, step: StepResult) -> None:

@@ -39,7 +39,7 @@ class DeviceTokens(Sequence):
 
     def __getitem__(self, index):
         if isinstance(index, slice) and self._host is None:
-            return DeviceTokens(self.ids[index])  # a cut tree (budget.first_nodes) stays on the device
+            return DeviceTokens(self.ids[index])  # a cut tree (first_nodes) stays on the device
         return self._list()[index]
 
     def __iter__(self):

@@ -14,7 +14,7 @@ from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.decoding import BatchQuestionDecoder, QuestionDecoder
 from bench.planning.costmodel import Profile
-from bench.planning.policy import AutoBudget, SpeculationPlanner
+from bench.planning.policy import PlannedDrafter, SpeculationPlanner
 
 
 def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingConfig) -> Drafter | None:
@@ -48,11 +48,11 @@ class DecoderParts:
 def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: Profile | None, batch: int,
              plain: SpeculativeEngine, parts: DecoderParts) -> tuple[QuestionDecoder, QuestionDecoder]:
     """The method's question decoder and vanilla's (the same one for vanilla itself). With a `profile`, speculation
-    is sized by the planner: at batch 1 the drafter is wrapped in AutoBudget, above it the batched engine asks the
-    planner each step. `plain` is vanilla's batch-1 engine."""
+    is sized by the planner: at batch 1 the drafter is wrapped in PlannedDrafter, above it the batched engine asks
+    the planner each step. `plain` is vanilla's batch-1 engine."""
     is_vanilla = drafter is None
     if batch == 1:
-        sized = drafter if profile is None else AutoBudget(drafter, profile, parts.device)
+        sized = drafter if profile is None else PlannedDrafter(drafter, profile, parts.device)
         decode = parts.decoder(SpeculativeEngine(model, sized, sampling), batched=False)
         return decode, decode if is_vanilla else parts.decoder(plain, batched=False)
     planner = None if profile is None else SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE)

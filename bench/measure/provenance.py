@@ -14,6 +14,7 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from bench import method_identity
 from bench.artifacts import PROJECT_ROOT
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
@@ -31,9 +32,7 @@ def run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str, str]:
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
                "seed": cfg.seed,
                "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
-    method_setting = OmegaConf.to_container(cfg.method)
-    if method_setting.get("batch_policy") == "always":
-        del method_setting["batch_policy"]  # as batch-1 runs were keyed before batching existed
+    method_setting = method_identity(OmegaConf.to_container(cfg.method))  # runs keep the keys they had before
     artifact = None if drafter is None else drafter.artifact  # drafts' weights or datastore
     return config_key(**setting), config_key(**setting, method=method_setting, artifact=artifact)
 

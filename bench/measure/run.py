@@ -11,7 +11,8 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bench import method_label
+from bench import method_label, sizing_of
+from bench.config import fold_deprecated
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
@@ -37,7 +38,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     """Run `cfg.method` on `cfg.task`; writes answers.jsonl, baseline.jsonl, summary.csv, meta.json to out_dir, and
     skipped.jsonl for questions too long for the model's context window. Returns the summary (None: no answers)."""
     started = time.time()
-    validate(cfg)
+    validate(fold_deprecated(cfg))
     device = resolve_device(cfg.device)
     warned = start_warnings(torch.get_num_threads(), available_cores(), machine_load(), device.type == "cuda")
     for warning in warned:
@@ -65,9 +66,9 @@ class BenchmarkRun:
                                   tuple(cfg.gen.stop_strings), tokenizer)
         self.batch = int(cfg.gen.get("batch_size", 1))
         self.rows_per_batch = clamped_batch(self.batch, questions, cfg.task.name)
-        batch_policy = cfg.method.get("batch_policy", "always")
-        planned = cfg.method.get("budget", "upstream") == "auto" or batch_policy == "adaptive"
-        self.method = method_label(cfg.method.name, cfg.method.get("budget"), batch_policy)
+        sizing = sizing_of(cfg.method)
+        planned = sizing == "auto"
+        self.method = method_label(cfg.method.name, sizing)
         self.is_vanilla = cfg.method.get("drafter") is None
         self.context = context_window(model)
         plain = SpeculativeEngine(model, None, self.sampling)  # first: refuses a model it cannot serve before any drafter setup

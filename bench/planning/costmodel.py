@@ -12,7 +12,7 @@
   paid t(1, c) per token. Both sides keep the run's measured prefill. What this leaves
   out (acceptance, cache compaction, mask building, Python) is the gap between predicted and measured speedup.
 - `best_size`: the number of draft nodes that maximises predicted tokens/s given per-node acceptance estimates
-  (bench/planning/policy.py's `budget=auto`).
+  (bench/planning/policy.py's `method.sizing=auto`).
 """
 from __future__ import annotations
 

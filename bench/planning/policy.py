@@ -1,19 +1,19 @@
-"""`method.budget=auto`: speculation sized for the hardware by the measured cost model (bench/planning/costmodel.py).
+"""`method.sizing=auto`: speculation sized for the hardware by the measured cost model (bench/planning/costmodel.py).
 
-`AutoBudget` wraps any drafter. Each step it verifies only the first k nodes of the drafter's tree (parents come
-before children, so the first k nodes are a tree and its accepted path is the full tree's, cut), with k chosen to
-maximise predicted tokens/s: (1 + sum of the acceptance rates of nodes 0..k-1) / (t(1 + k + aux) + drafting time),
-t from the target's profile at the current context length (its tree points when the drafter's trees are not
-chains, or when every step passes a tree mask, as batched ones do), the rates counted over this run's verified
-nodes.
+At batch 1, `PlannedDrafter` wraps any drafter. Each step it verifies only the first k nodes of the drafter's tree
+(parents come before children, so the first k nodes are a tree and its accepted path is the full tree's, cut), with
+k chosen to maximise predicted tokens/s: (1 + sum of the acceptance rates of nodes 0..k-1) / (t(1 + k + aux) +
+drafting time), t from the target's profile at the current context length (its tree points when the drafter's
+trees are not chains, or when every step passes a tree mask, as batched ones do), the rates counted over this run's
+verified nodes.
 When no k beats plain decoding (1 / t(1)), it stops calling the drafter at all until a probe. Chain drafters are
-asked for k tokens only (the engine's `budget` argument), so SpS stops paying for drafts it would cut.
+asked for k tokens only (propose's `max_tokens` argument), so SpS stops paying for drafts it would cut.
 
 Probes keep the estimates honest: the first `warmup_steps` steps and then a step whenever the probes' extra cost
 stays within `probe_share` of the time decoded since verify the whole tree. Lossless throughout: the target
 verifies whatever is kept, and a cut tree is still a tree (sibling draws stay prefixes of their draw order).
 
-The decisions live in `SpeculationPlanner`, which the batched engine (bench/engine/batched.py, batch_policy=adaptive) asks
+The decisions live in `SpeculationPlanner`, which the batched engine (bench/engine/batched.py, gen.batch_size > 1) asks
 too, with the profile measured at its batch size: there a row's expected gain is scaled by the share of rows that
 returned a draft (the forward is as wide for all), and once the rows have drafted, `cut` picks the k that pays for
 the drafts actually returned.
@@ -30,8 +30,8 @@ from bench.planning.costmodel import Profile, best_size
 
 class SpeculationPlanner:
     """How many draft nodes the next step should verify (see module doc): the run's per-node acceptance counts, the
-    drafting time per step and the profile of the target's forward at the batch size being decoded. The batch-1
-    wrapper `AutoBudget` and the batched engine's `batch_policy=adaptive` (bench/engine/batched.py) both ask it."""
+    drafting time per step and the profile of the target's forward at the batch size being decoded. Under
+    method.sizing=auto the batch-1 wrapper `PlannedDrafter` and the batched engine (bench/engine/batched.py) ask it."""
 
     def __init__(self, profile: Profile, probe_share: float = 0.03, warmup_steps: int = 4,
                  prior: tuple[float, float] = (0.1, 1.0), masked_steps: bool = False):
@@ -129,8 +129,8 @@ class SpeculationPlanner:
                 self.hits[row - 1] += 1
 
 
-class AutoBudget(Drafter):
-    """A drafter that verifies as much of another drafter's tree as the cost model says pays (see module doc)."""
+class PlannedDrafter(Drafter):
+    """A drafter that verifies as much of another drafter's tree as the planner says pays (see module doc)."""
 
     def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
                  warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0), clock=None):
@@ -149,12 +149,12 @@ class AutoBudget(Drafter):
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None, seed: int | None = None) -> None:
         start_drafter(self.inner, prompt_ids, hidden, seed)
 
-    def propose(self, context: list[int], budget: int) -> DraftTree | None:
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         k, draft = self.planner.plan(len(context) - 1)  # cached tokens: all but the root
         if not draft:
             return None
         start = device_time(self.device, self.clock)
-        tree = self.inner.propose(context, budget if k is None else min(budget, k + 1))
+        tree = self.inner.propose(context, max_tokens if k is None else min(max_tokens, k + 1))
         seconds = device_time(self.device, self.clock) - start
         self.planner.drafted(seconds, [tree] if k is None and tree is not None else [])
         if tree is None or k is None:

@@ -5,8 +5,8 @@ Times one target forward over L = profile.lengths new tokens after profile.conte
 gen.batch_size sequences at once (median of profile.repeats), on the device, dtype and torch threads a run would
 use, both as a chain (the model's own causal mask) and as a tree step (a tree-shaped 4-D mask), and stores it as
 JSON in profile.dir keyed by that setting (bench/planning/costmodel.py: `seconds` and `tree_seconds`, named in
-`point_kinds`). Runs read it for their
-predicted speedup; `method.budget=auto` and `method.batch_policy=adaptive` make it when missing. Time it on a quiet machine: a profile taken under load mispredicts every run.
+`point_kinds`). Runs read it for their predicted speedup; `method.sizing=auto` makes it when missing. Time it on a
+quiet machine: a profile taken under load mispredicts every run.
 """
 from __future__ import annotations
 

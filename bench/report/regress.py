@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.report.tables import is_flagged, leaderboard
-from bench.report.runs import load_runs
+from bench.report.runs import load_runs, setting_of
 
 DEFAULT_TOLERANCES = {"mean_accepted_tokens": 0.02, "speedup": 0.30}
 NEWER_COLUMNS = ["speedup_ci_low", "speedup_ci_high", "cpu_share", "starved"]  # absent from older leaderboards
@@ -69,21 +69,17 @@ def current_board(path: Path) -> pd.DataFrame:
     return board
 
 
-def _setting_of(row) -> dict:
-    return {"model": str(row["model"]), "device": str(row["device"]), "dtype": str(row["dtype"]),
-            "max_new_tokens": int(row["max_new_tokens"]), "temperature": float(row["temperature"])}
-
-
 def rows_for_setting(board: pd.DataFrame, setting: dict | None) -> pd.DataFrame:
-    """The rows measured under `setting` (model, device type, dtype, max_new_tokens, temperature); one device only."""
-    keys = board.apply(lambda row: json.dumps(_setting_of(row), sort_keys=True), axis=1)
+    """The rows measured under `setting` (bench/report/runs.py's SETTING, the device as its type; a baseline
+    written before batching is batch 1's); one device only."""
+    keys = board.apply(lambda row: json.dumps(setting_of(row), sort_keys=True), axis=1)
     settings = set(keys)
     if setting is None:
         if len(settings) != 1:
             raise RegressError("the runs hold several settings, so which one the baseline is for is ambiguous: "
                                + "; ".join(sorted(settings)) + ". Point PATH at runs of one setting.")
         setting = json.loads(next(iter(settings)))
-    rows = board[keys == json.dumps(_setting_of(setting), sort_keys=True)]
+    rows = board[keys == json.dumps(setting_of(setting), sort_keys=True)]
     if rows.empty:
         raise RegressError(f"no runs with the baseline's setting {json.dumps(setting, sort_keys=True)}; the runs have: "
                            + "; ".join(sorted(settings)))
@@ -197,7 +193,7 @@ def _relative(path: Path) -> str:
 def update_baseline(path: Path, rows: pd.DataFrame, existing: dict | None, tolerances: dict, source: Path) -> dict:
     first = rows.iloc[0]
     baseline = {
-        "setting": _setting_of(first),
+        "setting": setting_of(first),
         "tolerances": tolerances,
         "provenance": {"device_name": str(first["device_name"]), "torch": str(first["torch"]),
                        "transformers": str(first["transformers"]), "updated": time.strftime("%Y-%m-%d"),
@@ -224,7 +220,7 @@ def regress(path: Path, baseline_path: Path, mat_tolerance: float | None = None,
         tolerances["speedup"] = speedup_tolerance
     board = current_board(path)
     rows = rows_for_setting(board, existing.get("setting") if existing else None)
-    setting = _setting_of(rows.iloc[0])
+    setting = setting_of(rows.iloc[0])
     print(f"regress: {path} against {baseline_path} ({', '.join(f'{k}={v}' for k, v in setting.items())}; "
           f"tolerances: mean accepted tokens {tolerances['mean_accepted_tokens']:.0%}, "
           f"speedup {tolerances['speedup']:.0%})", file=out)

@@ -19,7 +19,7 @@ import pandas as pd
 from bench.report.plots import (PLOT_PREFIXES, plot_accept_by_position, plot_accept_histogram, plot_batch_sweep,
                                 plot_forward_time, plot_predicted_vs_measured, plot_speedup_by_task,
                                 plot_speedup_vs_mat)
-from bench.report.runs import SETTING, load_runs, method_labels, select_latest
+from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
 from bench.report.tables import (POSITION_COLUMNS, accept_lengths_by_method, acceptance_table, batch_sweep_table,
                                  batch_sweeps, board_of, cost_table, formatted, markdown, profiles_of, setting_facts,
                                  table_warnings, wide_table)
@@ -139,7 +139,7 @@ def setting_section(out: Path, group: pd.DataFrame, group_runs: pd.DataFrame, la
     return {"md": [f"## {title}", "", header, "", markdown(shown) + warning, "", "### Where the time goes", "",
                    markdown(costs), ""],
             "acceptance_md": [f"## {title}", "", markdown(shown_acc), ""], "html": page,
-            "acceptance": acceptance.assign(**group.iloc[0][SETTING].to_dict())}
+            "acceptance": acceptance.assign(**group.iloc[0][SETTING_COLUMNS].to_dict())}
 
 
 def setting_plots(out: Path, group: pd.DataFrame, group_runs: pd.DataFrame, labels: dict, table: pd.DataFrame,

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench import method_label
+from bench import label_of, method_identity
 from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD
 from bench.records import read_jsonl
 from tasks import task_of
 
 
-SETTING = ["model", "device", "device_name", "dtype", "max_new_tokens", "temperature", "batch_size"]
+SETTING = ["model", "device", "dtype", "max_new_tokens", "temperature", "batch_size"]  # what a run was measured in
+SETTING_COLUMNS = [*SETTING, "device_name"]  # a report's tables: one per setting and machine
 
 
 def by_question(records: list[dict], run_key: str | None = None) -> dict[int, dict]:
@@ -33,17 +34,21 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p.parent for p in Path(root).rglob("answers.jsonl") if (p.parent / "meta.json").exists())
 
 
+def setting_of(values) -> dict:
+    """The setting a run was measured in (SETTING), from a mapping that holds its keys: run_setting's, a leaderboard
+    row, a regression baseline's "setting". batch_size is 1 where absent (files written before batching)."""
+    batch = values.get("batch_size")
+    kinds = {"model": str, "device": str, "dtype": str, "max_new_tokens": int, "temperature": float}
+    return {**{key: None if values.get(key) is None else kind(values[key]) for key, kind in kinds.items()},
+            "batch_size": 1 if batch is None or pd.isna(batch) else int(batch)}
+
+
 def run_setting(meta: dict) -> dict:
-    config = meta.get("config", {})
-    return {
-        "model": config.get("model", {}).get("name"),
-        "device": meta.get("device"),
-        "device_name": meta.get("device_name"),
-        "dtype": meta.get("dtype"),
-        "max_new_tokens": config.get("gen", {}).get("max_new_tokens"),
-        "temperature": float(config.get("gen", {}).get("temperature", 0.0)),
-        "batch_size": int(config.get("gen", {}).get("batch_size", 1)),
-    }
+    """setting_of a run from its meta.json."""
+    gen = meta.get("config", {}).get("gen", {})
+    return setting_of({"model": meta.get("config", {}).get("model", {}).get("name"), "device": meta.get("device"),
+                       "dtype": meta.get("dtype"), "max_new_tokens": gen.get("max_new_tokens"),
+                       "temperature": gen.get("temperature", 0.0), "batch_size": gen.get("batch_size", 1)})
 
 
 def load_runs(root: Path) -> pd.DataFrame:
@@ -53,13 +58,12 @@ def load_runs(root: Path) -> pd.DataFrame:
         meta = json.loads((run_dir / "meta.json").read_text())
         config = meta.get("config", {})
         method_cfg = config.get("method", {})
-        method = method_label(method_cfg.get("name") or "unknown", method_cfg.get("budget"),
-                              method_cfg.get("batch_policy"))
+        method = label_of(method_cfg)
         answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
         is_vanilla = method_cfg.get("drafter") is None
         baselines = answers if is_vanilla else \
             current_baselines(read_jsonl(run_dir / "baseline.jsonl"), meta.get("baseline_run_key"))
-        setting = run_setting(meta)
+        setting = {**run_setting(meta), "device_name": meta.get("device_name")}
         run_info = {
             "run_dir": str(run_dir),
             "finished": meta.get("finished") or meta.get("started") or "",
@@ -73,15 +77,15 @@ def load_runs(root: Path) -> pd.DataFrame:
             "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
             "method": method,
             "is_vanilla": is_vanilla,
-            "method_config": json.dumps(method_cfg, sort_keys=True, default=str),
+            "method_config": json.dumps(method_identity(method_cfg), sort_keys=True, default=str),
             "profile": meta.get("profile"),
         }
         for record in answers.values():
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
-    columns = ["run_dir", "finished", "setting", *SETTING, "torch", "transformers", "git_commit", "host", "limit",
-               "starvation_threshold", "method", "is_vanilla", "method_config", "profile", "task", "question_id",
-               "record", "baseline"]
+    columns = ["run_dir", "finished", "setting", *SETTING_COLUMNS, "torch", "transformers", "git_commit", "host",
+               "limit", "starvation_threshold", "method", "is_vanilla", "method_config", "profile", "task",
+               "question_id", "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from bench.measure.metrics import ACCEPT_POSITIONS, decode_step_accepts, speedup_text, summarize
 from bench.planning.costmodel import Profile
 from bench.records import PHASES
-from bench.report.runs import SETTING, method_labels, select_latest
+from bench.report.runs import SETTING_COLUMNS, method_labels, select_latest
 
 
 TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
@@ -72,7 +72,7 @@ def leaderboard(runs: pd.DataFrame) -> pd.DataFrame:
 
 def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     """leaderboard() of runs already reduced by select_latest, with their method_labels."""
-    columns = ["setting", *SETTING, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
+    columns = ["setting", *SETTING_COLUMNS, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
                "exact_match", "numeric_ties", "exact_match_or_tie", "exact_until_divergence", "diverged_questions", "cpu_share", "starved",
                *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
@@ -81,7 +81,7 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     out = []
     for setting, group in latest.groupby("setting", sort=False):
-        values = group.iloc[0][SETTING].to_dict()
+        values = group.iloc[0][SETTING_COLUMNS].to_dict()
         vanilla = {row.question_id: row.record for row in group[group.is_vanilla].itertuples()}
         for method_config, rows in group.groupby("method_config", sort=False):
             label = labels[setting, method_config]
@@ -221,7 +221,7 @@ def batch_sweeps(board: pd.DataFrame) -> list[pd.DataFrame]:
     overall = board[board.task == "overall"]
     if overall.empty:
         return []
-    unbatched = [c for c in SETTING if c != "batch_size"]
+    unbatched = [c for c in SETTING_COLUMNS if c != "batch_size"]
     return [group for _, group in overall.groupby(unbatched, sort=False, dropna=False) if group.batch_size.nunique() > 1]
 
 
