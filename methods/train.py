@@ -3,6 +3,8 @@
 Hydra app over conf/ (primary config conf/train.yaml, recipe conf/train/<method>.yaml). The trained-head methods
 (Medusa, EAGLE, Hydra) share one pipeline, methods/heads/training.py, whose recipe names the method's head and
 loss; SpS trains its draft model (methods/sps_train.py); train.backend=modelopt trains Medusa with NVIDIA ModelOpt.
+Each run is one stint (docs/training.md): `train.minutes=N` from scratch, `train.resume=true train.minutes=N` on
+from the committed weights, `train.minutes=0` to print the committed weights' held-out agreement.
 """
 from __future__ import annotations
 

