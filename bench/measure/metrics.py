@@ -7,7 +7,8 @@
   against vanilla decoded in the same batches.
 - mean_latency_s / baseline_mean_latency_s: mean seconds per turn until its last token (at batch 1, its wall time;
   batched, from the batch's start), for the method and its vanilla baseline.
-- mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00).
+- mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00); NaN
+  where a turn's steps are unknown (decoding_steps null: a serving engine that reports no acceptance).
 - accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
 - exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling);
   exact_until_divergence = share of vanilla's tokens reproduced before each question's first divergence (1.0 when
@@ -70,6 +71,8 @@ def decode_step_accepts(record: dict) -> list[int]:
     choice = record["choices"][0]
     accepts, start = [], 0
     for steps in choice["decoding_steps"]:
+        if steps is None:  # a serving engine that did not report its steps: the turn has no accept_lengths either
+            continue
         accepts += [a - 1 for a in choice["accept_lengths"][start + 1 : start + steps]]
         start += steps
     return accepts
@@ -110,7 +113,8 @@ def step_facts(records: list[dict]) -> dict:
 def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict], threshold: float,
          ci_samples: int, ci_seed: int, profile: Profile | None = None) -> dict:
     new_tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
-    steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in records)
+    turn_steps = [s for r in records for s in r["choices"][0]["decoding_steps"]]
+    steps = math.nan if None in turn_steps else sum(turn_steps)  # None: a serving engine reported no steps
     speed = sum(tokens_per_second(r) for r in records) / len(records)
     pairs = [(r, baselines[r["question_id"]]) for r in records if r["question_id"] in baselines]
     paired = np.array([[tokens_per_second(r), tokens_per_second(b)] for r, b in pairs]).reshape(-1, 2)  # [n, 2]

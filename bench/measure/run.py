@@ -14,6 +14,7 @@ from tqdm import tqdm
 from bench import method_label, sizing_of
 from bench.config import fold_deprecated
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.errors import ConfigError
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
 from bench.measure.contention import available_cores, machine_load, start_warnings, verdict
@@ -21,6 +22,7 @@ from bench.measure.decoding import PromptTooLong, decode_group
 from bench.measure.exactness import find_divergence
 from bench.measure.gpu import GpuMonitor
 from bench.measure.metrics import speedup_text, summarize
+from bench.measure.serving.run import run_server
 from bench.measure.provenance import run_keys, run_metadata, starvation_facts
 from bench.models import context_window, eos_token_ids, load_check_model, load_model, resolve_device
 from bench.planning.profile import profile_for_run
@@ -37,6 +39,12 @@ SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s
 def run(cfg: DictConfig) -> pd.DataFrame:
     """Run `cfg.method` on `cfg.task`; writes answers.jsonl, baseline.jsonl, summary.csv, meta.json to out_dir, and
     skipped.jsonl for questions too long for the model's context window. Returns the summary (None: no answers)."""
+    backend = cfg.get("backend", "engine")
+    if backend == "server":  # a serving engine over HTTP (docs/serving.md)
+        return run_server(cfg)
+    if backend != "engine" or cfg.get("server") is not None:
+        raise ConfigError(f"backend={backend} with server={(cfg.get('server') or {}).get('name')}: use backend=engine "
+                          f"(our engine, no server=...) or backend=server with server=<conf/server/ name>")
     started = time.time()
     validate(fold_deprecated(cfg))
     device = resolve_device(cfg.device)

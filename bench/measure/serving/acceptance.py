@@ -1,0 +1,104 @@
+"""Acceptance as the engine reports it, turned into our records' fields (decoding_steps, accept_lengths).
+
+A turn of n new tokens with `accepted` accepted draft tokens took n - accepted target steps (each step adds its
+accepted drafts plus one token of the target's own; the prefill's token included), so #MAT = n / steps as for our
+engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM (and llama.cpp with --metrics) count
+server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn) and around
+the run (per run, where other traffic leaks in). Where nothing is reported the turn's steps are None (NaN in the
+metrics), never a guess."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+COUNTER_PREFIXES = {"vllm": "vllm:", "llamacpp": "llamacpp:"}
+DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                                                "spec_decode_num_accepted_tokens_total",
+                                                "spec_decode_num_accepted_tokens_per_pos_total")
+SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class SpecCounters:
+    """Speculation counters (summed over label sets other than position): drafts (speculative steps), draft tokens
+    proposed, accepted tokens, and accepted tokens per draft position (0-based)."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_position: dict[int, float] = field(default_factory=dict)
+
+    def __sub__(self, before: "SpecCounters") -> "SpecCounters":
+        positions = set(self.per_position) | set(before.per_position)
+        return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
+                            self.accepted - before.accepted,
+                            {k: self.per_position.get(k, 0.0) - before.per_position.get(k, 0.0) for k in positions})
+
+    def as_dict(self) -> dict:
+        al = 1 + self.accepted / self.drafts if self.drafts else None
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "accepted_per_position": {str(k): v for k, v in sorted(self.per_position.items())},
+                "acceptance_length": al}
+
+
+def parse_counters(text: str, prefix: str) -> SpecCounters | None:
+    """The speculation counters named `<prefix>spec_decode_*` in a Prometheus exposition; None when it has none
+    (speculation off, or an engine that does not count)."""
+    counters, seen = SpecCounters(), False
+    for line in text.splitlines():
+        match = SAMPLE.match(line.strip())
+        if not match or not match.group(1).startswith(prefix):
+            continue
+        name, value = match.group(1)[len(prefix):], float(match.group(3))
+        labels = dict(LABEL.findall(match.group(2) or ""))
+        if name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+            attribute = {DRAFTS: "drafts", DRAFT_TOKENS: "draft_tokens", ACCEPTED: "accepted"}[name]
+            setattr(counters, attribute, getattr(counters, attribute) + value)
+            seen = True
+        elif name == PER_POSITION and "position" in labels:
+            position = int(labels["position"])
+            counters.per_position[position] = counters.per_position.get(position, 0.0) + value
+            seen = True
+    return counters if seen else None
+
+
+def from_timings(new_tokens: int, timings: dict | None) -> dict | None:
+    """Steps of a turn from llama.cpp's per-response timings (draft_n_accepted), None where they have no
+    speculation counts. Per-step lengths are not reported: accept_lengths stays empty."""
+    if not timings or timings.get("draft_n_accepted") is None:
+        return None
+    accepted = int(timings["draft_n_accepted"])
+    return {"steps": new_tokens - accepted, "accept_lengths": [], "acceptance_source": "llamacpp_timings",
+            "drafted": int(timings.get("draft_n") or 0), "accepted": accepted}
+
+
+def from_counters(new_tokens: int, delta: SpecCounters | None, source: str) -> dict | None:
+    """Steps of a turn from the counters' difference around it; accept_lengths rebuilt from the per-position counts
+    (drafts accepting exactly k = count(position k-1) - count(position k)): the step order is not reported, so they
+    are the turn's steps sorted by length, whose per-position shares are exact. None without counts."""
+    if delta is None:
+        return None
+    accepted = int(round(delta.accepted))
+    steps = new_tokens - accepted
+    lengths: list[int] = []
+    if delta.per_position and steps > 0:
+        counts = [int(round(delta.per_position.get(k, 0.0))) for k in range(max(delta.per_position) + 1)]
+        exactly = [int(round(delta.drafts)) - counts[0]] + [counts[k] - counts[k + 1] for k in range(len(counts) - 1)]
+        exactly.append(counts[-1])
+        decode = [1 + k for k, n in enumerate(exactly) for _ in range(n)]
+        lengths = [1] + sorted(decode, reverse=True) + [1] * max(0, steps - 1 - len(decode))
+        if len(lengths) != steps or sum(lengths) != new_tokens:
+            lengths = []  # counts that do not add up to this turn (traffic from elsewhere): per-step shares unknown
+    return {"steps": steps, "accept_lengths": lengths, "acceptance_source": source,
+            "drafted": int(round(delta.draft_tokens)), "accepted": accepted}
+
+
+def no_speculation(new_tokens: int) -> dict:
+    """A server launched without speculation: one token per step, by construction."""
+    return {"steps": new_tokens, "accept_lengths": [1] * new_tokens, "acceptance_source": "no_speculation"}
+
+
+def unreported() -> dict:
+    """The engine reported nothing: steps unknown."""
+    return {"steps": None, "accept_lengths": [], "acceptance_source": "none"}

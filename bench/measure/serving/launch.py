@@ -1,0 +1,87 @@
+"""Servers the harness starts itself (server.launch / server.baseline_launch): a shell command in its own process
+group, its output kept in the run folder, ready once its health endpoint answers, stopped by its pid at the end."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+import urllib.error
+from pathlib import Path
+
+from bench.errors import MissingArtifactError
+from bench.measure.serving.http import get_text
+
+POLL_SECONDS = 0.2
+STOP_GRACE_SECONDS = 10.0
+
+
+def check_binary(command: str, hint: str | None) -> None:
+    """Refuse a launch command whose program (its first word, a path) is not an executable file, with `hint`."""
+    program = Path(shlex.split(command)[0]).expanduser()
+    if program.parent != Path(".") and not os.access(program, os.X_OK):
+        raise MissingArtifactError(f"server program {program} not found (server.launch); "
+                                   f"{hint or 'install it or set server.launch=<command>'}")
+
+
+class LaunchedServer:
+    """`with LaunchedServer(command, url, health_path, log, deadline):` starts `command` (shell, own process
+    group, stdout and stderr to `log`), waits until GET url+health_path answers 200 (MissingArtifactError after
+    `deadline` seconds or when the process exits first, naming the log) and stops the group on leaving, also after an
+    exception or Ctrl-C: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS."""
+
+    def __init__(self, command: str, url: str, health_path: str, log: Path, deadline: float):
+        self.command, self.url, self.health_path, self.log, self.deadline = command, url, health_path, log, deadline
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LaunchedServer":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            log.write(f"$ {self.command}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(self.command, shell=True, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait_ready(self) -> None:
+        """Poll the health endpoint until it answers 200, the process exits, or the deadline passes."""
+        give_up = time.monotonic() + self.deadline
+        while True:
+            if self.process.poll() is not None:
+                raise MissingArtifactError(f"server command exited with status {self.process.returncode} before "
+                                           f"{self.url} was ready (server.launch); its output: {self.log}")
+            try:
+                get_text(self.url + self.health_path, timeout=2.0)
+                return
+            except (urllib.error.URLError, OSError):
+                pass  # 503 while loading, or not listening yet
+            if time.monotonic() > give_up:
+                raise MissingArtifactError(f"server at {self.url} not ready after {self.deadline:.0f} s "
+                                           f"(server.ready_timeout_s; health: {self.health_path}); its output: "
+                                           f"{self.log}")
+            time.sleep(POLL_SECONDS)
+
+    def stop(self) -> None:
+        """End the server's process group (by the pid it was started with) and reap it."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, None)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue

@@ -1,0 +1,94 @@
+"""One request to a serving engine, streamed and timed: the request body for each endpoint kind, and what the
+stream says (text, the engine's token ids where it gives them, llama.cpp's timings) with its times."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from bench.measure.serving.http import post_stream
+
+ENDPOINT_PATHS = {"completions": "/v1/completions", "completions_text": "/v1/completions",
+                  "chat": "/v1/chat/completions", "llamacpp": "/completion"}
+
+
+@dataclass
+class StreamedTurn:
+    """What one streamed request gave: `token_ids` None where the engine sent only text; seconds from sending to
+    the first token (ttft), between token-carrying events (itl) and to the end (e2e)."""
+
+    text: str = ""
+    token_ids: list[int] | None = None
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2e: float = 0.0
+    timings: dict | None = None  # llama.cpp's per-response timings (draft_n, draft_n_accepted, predicted_n...)
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestSpec:
+    """How to ask one endpoint: its kind (ENDPOINT_PATHS), the model name sent, sampling and stop settings, and
+    engine-specific body fields (server.extra_body)."""
+
+    endpoint: str
+    model: str | None
+    max_tokens: int
+    temperature: float
+    stop: list[str]
+    extra: dict = field(default_factory=dict)
+    timeout: float = 600.0
+
+    def body(self, prompt_ids: list[int], prompt_text: str, messages: list[dict], seed: int) -> dict:
+        """The JSON body of one turn: the prompt as token ids (completions, llamacpp), as our rendered text
+        (completions_text) or as the chat so far (chat, templated by the server)."""
+        common = {"stream": True, "temperature": self.temperature, "stop": self.stop, "seed": seed, **self.extra}
+        if self.endpoint == "llamacpp":
+            return {"prompt": prompt_ids, "n_predict": self.max_tokens, "return_tokens": True, **common}
+        named = {"model": self.model} if self.model else {}
+        if self.endpoint == "chat":
+            return {**named, "messages": messages, "max_tokens": self.max_tokens, **common}
+        prompt = prompt_text if self.endpoint == "completions_text" else prompt_ids
+        return {**named, "prompt": prompt, "max_tokens": self.max_tokens, **common}
+
+
+def event_tokens(event: dict) -> tuple[str, list[int] | None]:
+    """(text, token ids or None) carried by one streamed event of any endpoint kind: llama.cpp's `content` and
+    `tokens`; OpenAI's choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs
+    tokens written `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
+    if "content" in event or "tokens" in event:  # llama.cpp's /completion
+        tokens = event.get("tokens")
+        return event.get("content") or "", None if tokens is None else [int(t) for t in tokens]
+    choices = event.get("choices") or [{}]
+    choice = choices[0]
+    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    if choice.get("token_ids") is not None:
+        return text, [int(t) for t in choice["token_ids"]]
+    logged = (choice.get("logprobs") or {}).get("tokens")
+    if logged and all(isinstance(t, str) and t.startswith("token_id:") for t in logged):
+        return text, [int(t.removeprefix("token_id:")) for t in logged]
+    return text, None
+
+
+def stream_turn(url: str, spec: RequestSpec, body: dict) -> StreamedTurn:
+    """Send one request and read its stream to the end, timing every event that carries output."""
+    out, pieces, ids, last = StreamedTurn(), [], [], None
+    sent = time.perf_counter()
+    for arrived, event in post_stream(url + ENDPOINT_PATHS[spec.endpoint], body, spec.timeout):
+        text, tokens = event_tokens(event)
+        if event.get("timings"):
+            out.timings = event["timings"]
+        choice = (event.get("choices") or [{}])[0]
+        out.finish_reason = choice.get("finish_reason") or event.get("stop_type") or out.finish_reason
+        if ids is not None:
+            ids = None if tokens is None and text else ids + (tokens or [])
+        if not text and not tokens:
+            continue
+        pieces.append(text)
+        if last is None:
+            out.ttft = arrived - sent
+        else:
+            out.itl.append(arrived - last)
+        last = arrived
+    out.e2e = time.perf_counter() - sent
+    out.text, out.token_ids = "".join(pieces), ids
+    return out

@@ -1,0 +1,166 @@
+"""A fake OpenAI-compatible serving engine for the server backend's tests (bench/measure/serving/): streams token
+ids from a deterministic rule (next = (last + 1) % vocab, optionally bent at one position), speaks llama.cpp's
+/completion, OpenAI's /v1/completions and /v1/chat/completions, optionally reports llama.cpp-style per-response
+timings and vLLM-style speculation counters on /metrics, and counts the requests it holds at once.
+
+`python -m tests.fake_server --port N` serves it as a process (the `server.launch` tests)."""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ACCEPT_PATTERN = (2, 0, 1)  # accepted draft tokens of successive speculative steps, cycled
+DRAFT_WIDTH = 3  # draft tokens proposed per step
+
+
+def speculate(n: int, pattern=ACCEPT_PATTERN) -> list[int]:
+    """Accepted drafts of each decode step that makes n tokens (the prefill makes the first; a step adds its
+    accepted drafts plus one, capped at what is left)."""
+    accepts, left = [], n - 1
+    while left > 0:
+        accepted = min(pattern[len(accepts) % len(pattern)], left - 1)
+        accepts.append(accepted)
+        left -= accepted + 1
+    return accepts
+
+
+class FakeEngine:
+    """The engine's state: its rule, what it reports, its counters and the requests it saw."""
+
+    def __init__(self, vocab: int = 300, bend_at: int | None = None, timings: bool = False, counters: str | None = None,
+                 hold: int = 0, decode=None, token_ids: bool = True):
+        self.vocab, self.bend_at, self.timings, self.prefix = vocab, bend_at, timings, counters
+        self.token_ids = token_ids
+        self.decode = decode or (lambda ids: "".join(f" t{i}" for i in ids))
+        self.barrier = threading.Barrier(hold, timeout=30) if hold > 1 else None
+        self.lock = threading.Lock()
+        self.in_flight = self.max_in_flight = 0
+        self.bodies: list[dict] = []
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_position: dict[int, int] = {}
+
+    def tokens(self, prompt: list[int], n: int) -> list[int]:
+        out, last = [], prompt[-1] if prompt else 0
+        for position in range(n):
+            last = (last + 1 + (position == self.bend_at)) % self.vocab
+            out.append(last)
+        return out
+
+    def count(self, n: int) -> dict:
+        """Count one response's speculation; its llama.cpp-style timings."""
+        accepts = speculate(n)
+        with self.lock:
+            self.drafts += len(accepts)
+            self.draft_tokens += DRAFT_WIDTH * len(accepts)
+            self.accepted += sum(accepts)
+            for k in range(DRAFT_WIDTH):
+                self.per_position[k] = self.per_position.get(k, 0) + sum(a > k for a in accepts)
+        return {"predicted_n": n, "draft_n": DRAFT_WIDTH * len(accepts), "draft_n_accepted": sum(accepts)}
+
+    def metrics_text(self) -> str:
+        p, labels = self.prefix, 'engine="0",model_name="fake"'
+        lines = [f"# TYPE {p}spec_decode_num_drafts_total counter",
+                 f"{p}spec_decode_num_drafts_total{{{labels}}} {float(self.drafts)}",
+                 f"{p}spec_decode_num_draft_tokens_total{{{labels}}} {float(self.draft_tokens)}",
+                 f"{p}spec_decode_num_accepted_tokens_total{{{labels}}} {float(self.accepted)}",
+                 "# a comment", "process_cpu_seconds_total 1.5"]
+        lines += [f'{p}spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
+                  for k, v in sorted(self.per_position.items())]
+        return "\n".join(lines) + "\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    engine: FakeEngine  # set on the subclass made per server
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            return self.reply(200, "application/json", '{"status": "ok"}')
+        if self.path == "/metrics" and self.engine.prefix:
+            return self.reply(200, "text/plain", self.engine.metrics_text())
+        self.reply(404, "text/plain", "not found")
+
+    def reply(self, status: int, kind: str, body: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        engine = self.engine
+        with engine.lock:
+            engine.bodies.append({"path": self.path, **body})
+            engine.in_flight += 1
+            engine.max_in_flight = max(engine.max_in_flight, engine.in_flight)
+        try:
+            if engine.barrier is not None:
+                engine.barrier.wait()
+            self.stream(body)
+        finally:
+            with engine.lock:
+                engine.in_flight -= 1
+
+    def stream(self, body: dict) -> None:
+        engine, native = self.engine, self.path == "/completion"
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list):
+            prompt = [len(str(prompt if prompt is not None else body["messages"][-1]["content"])) % engine.vocab]
+        ids = engine.tokens(prompt, body["n_predict"] if native else body["max_tokens"])
+        timings = engine.count(len(ids))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for token in ids:
+            text = engine.decode([token])
+            if native:
+                event = {"content": text, "tokens": [token], "stop": False}
+            else:
+                choice = {"index": 0, "finish_reason": None}
+                choice.update({"delta": {"content": text}} if "messages" in body else {"text": text})
+                if engine.token_ids and body.get("return_token_ids"):
+                    choice["token_ids"] = [token]
+                event = {"choices": [choice]}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+        last = {"content": "", "tokens": [], "stop": True, "stop_type": "limit"} if native else \
+            {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
+        if engine.timings:
+            last["timings"] = timings
+        self.wfile.write(f"data: {json.dumps(last)}\n\n".encode() + (b"" if native else b"data: [DONE]\n\n"))
+
+
+class FakeServer:
+    """`with FakeServer(FakeEngine(...)) as server:` serves the engine on 127.0.0.1 (server.url) in a thread."""
+
+    def __init__(self, engine: FakeEngine, port: int = 0):
+        handler = type("BoundHandler", (Handler,), {"engine": engine})
+        self.engine, self.httpd = engine, ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "FakeServer":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--timings", action="store_true")
+    args = parser.parse_args()
+    server = FakeServer(FakeEngine(timings=args.timings), args.port)
+    print(f"fake server listening on {server.url}", flush=True)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
