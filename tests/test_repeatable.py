@@ -14,8 +14,10 @@ from bench.measure.run import run
 from bench.engine.sampling import SamplingConfig
 from bench.engine.drafter import Drafter
 from methods.eagle import EagleDrafter
+from methods.eagle3 import Eagle3Drafter
 from methods.sps import DraftModelDrafter, slice_target
 from tests.test_eagle import random_head
+from tests.test_eagle3 import random_eagle3_head
 
 T1 = SamplingConfig(temperature=1.0)
 SAMPLING_DRAFTERS = {  # drafters that draw random numbers under sampling
@@ -23,6 +25,8 @@ SAMPLING_DRAFTERS = {  # drafters that draw random numbers under sampling
     "eagle": lambda m: EagleDrafter(m, head=random_head(m, 3), choices="eagle_7b_25", sampling=T1, seed=0),
     "eagle2": lambda m: EagleDrafter(m, head=random_head(m, 3), total_token=10, depth=4, top_k=3, sampling=T1,
                                      seed=0),
+    "eagle3": lambda m: Eagle3Drafter(m, head=random_eagle3_head(m, 3, std=0.3), total_token=10, depth=4, top_k=3,
+                                      sampling=T1, seed=0),
 }
 
 

@@ -18,6 +18,7 @@ from bench.engine.drafter import NoDrafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
 from methods.eagle import EagleDrafter, EagleHead
+from methods.eagle3 import Eagle3Drafter
 from methods.hydra import HydraDrafter, HydraHeads
 from methods.lookahead import LookaheadDrafter
 from methods.medusa import MedusaDrafter
@@ -27,6 +28,7 @@ from methods.recycling import RecyclingDrafter
 from methods.rest import RestDrafter
 from methods.samd import SamdDrafter
 from methods.sps import DraftModelDrafter, slice_target
+from tests.test_eagle3 import random_eagle3_head
 from tests.test_sampling import chi_square
 
 VOCAB, HIDDEN, NEW = 16, 32, 3
@@ -82,6 +84,10 @@ def make_drafter(name: str, model, cfg: SamplingConfig, tmp_path):
         if method == "medusa":
             return MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=size, heads=random_module(MedusaHeads(HIDDEN, 4), 1))
         return HydraDrafter(model, choices="mc_sim_7b_63", tree_size=size, heads=random_module(HydraHeads(HIDDEN, 4), 2))
+    if method == "eagle3":  # a 12-token draft vocabulary of the 16 (a non-trivial d2t)
+        total_token, depth, top_k = map(int, shape.split("/"))
+        head = random_eagle3_head(model, 2, draft_vocab=12, std=0.3)
+        return Eagle3Drafter(model, head=head, total_token=total_token, depth=depth, top_k=top_k, sampling=cfg, seed=0)
     head = random_module(EagleHead(model.config), 2, std=0.3)  # drafts tokens the target gives p ~ 0.1-0.3
     if method == "eagle":
         return EagleDrafter(model, head=head, choices=SMOLLM2_EAGLE1 if shape == "smollm2" else "eagle_7b_25",
@@ -149,8 +155,8 @@ def resample_from_p(logits, tree, cfg, generator) -> Acceptance:
 
 
 SHIPPED = ["vanilla", "sps", "medusa:8", "medusa:full", "hydra:16", "hydra:full", "eagle:smollm2", "eagle:vicuna",
-           "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "pld", "lookahead", "rest", "recycling",
-           "samd"]
+           "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "eagle3:8/3/2", "eagle3:60/7/10", "pld",
+           "lookahead", "rest", "recycling", "samd"]
 
 
 SAMPLING_DRAFTERS = ["vanilla", "sps", "medusa:8", "eagle:smollm2", "eagle2:8/3/2", "eagle2:60/5/10"]
