@@ -24,12 +24,14 @@ BFLOAT16_DIVERGENCE = {"turn": 0, "position": 3, "logit_gap": 0.125, "check_gap"
 
 def fake_run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """Stands in for a real run: writes a hand-built run, or fails as a method without artifacts / a broken one."""
-    assert "task=all" in overrides and "task.limit=1" in overrides
     if "model=smollm2_135m_bf16" in overrides:  # the bfloat16 check: one question differs at BFLOAT16_DIVERGENCE
+        assert "task=mt_bench" in overrides and "task=all" not in overrides
         answers = [record(321, "qa", method, [[1, 11]], [0.5], exact_match=False, divergence=BFLOAT16_DIVERGENCE),
                    record(481, "rag", method, [[1, 11]], [0.5])]
         write_run(out_dir, method, answers, vanilla_records(BASE_TIME))
-    elif method == "vanilla":
+        return
+    assert "task=all" in overrides and "task.limit=1" in overrides
+    if method == "vanilla":
         write_run(out_dir, "vanilla", vanilla_records(BASE_TIME))
     elif method == "pld":
         method_run(out_dir, "pld", {qid: 2.0 for qid, _ in QUESTIONS}, [1, 3, 3, 3, 2])
