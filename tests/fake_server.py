@@ -57,6 +57,8 @@ class FakeEngine:
             self.accepted += sum(accepts)
             for k in range(DRAFT_WIDTH):
                 self.per_position[k] = self.per_position.get(k, 0) + sum(a > k for a in accepts)
+        if not accepts:  # as llama.cpp: no draft fields when nothing was drafted
+            return {"predicted_n": n}
         return {"predicted_n": n, "draft_n": DRAFT_WIDTH * len(accepts), "draft_n_accepted": sum(accepts)}
 
     def metrics_text(self) -> str:

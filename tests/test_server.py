@@ -64,6 +64,24 @@ def refuses(url: str) -> bool:
     return False
 
 
+def test_a_server_runs_concurrency_is_its_reported_batch_size():
+    from bench.report.runs import run_setting
+
+    config = {"backend": "server", "server": {"concurrency": 4}, "model": {"name": "m"},
+              "gen": {"max_new_tokens": 8, "temperature": 0.0, "batch_size": 1}}
+    assert run_setting({"config": config, "device": "server:llamacpp", "dtype": "Q4_1"})["batch_size"] == 4
+    assert run_setting({"config": {**config, "backend": "engine"}, "device": "cpu"})["batch_size"] == 1
+
+
+def test_llamacpp_timings_without_draft_fields_mean_nothing_was_drafted():
+    from bench.measure.serving.acceptance import from_timings
+
+    assert from_timings(17, {"predicted_n": 17, "predicted_ms": 140.0}) == {
+        "steps": 17, "accept_lengths": [], "acceptance_source": "llamacpp_timings", "drafted": 0, "accepted": 0}
+    assert from_timings(20, {"predicted_n": 20, "draft_n": 9, "draft_n_accepted": 6})["steps"] == 14
+    assert from_timings(20, None) is None and from_timings(20, {}) is None
+
+
 def test_llamacpp_records_exact_tokens_acceptance_and_exact_match(compose, tokenizer, tmp_path):
     with ExitStack() as stack:
         spec = serve(stack, tokenizer, timings=True)

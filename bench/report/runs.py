@@ -44,11 +44,15 @@ def setting_of(values) -> dict:
 
 
 def run_setting(meta: dict) -> dict:
-    """setting_of a run from its meta.json."""
-    gen = meta.get("config", {}).get("gen", {})
-    return setting_of({"model": meta.get("config", {}).get("model", {}).get("name"), "device": meta.get("device"),
+    """setting_of a run from its meta.json. A server run's batch size is its concurrency (requests in flight), so a
+    concurrency sweep is reported as the batch sweep is."""
+    config = meta.get("config", {})
+    gen = config.get("gen", {})
+    batch = config.get("server", {}).get("concurrency", 1) if config.get("backend") == "server" else \
+        gen.get("batch_size", 1)
+    return setting_of({"model": config.get("model", {}).get("name"), "device": meta.get("device"),
                        "dtype": meta.get("dtype"), "max_new_tokens": gen.get("max_new_tokens"),
-                       "temperature": gen.get("temperature", 0.0), "batch_size": gen.get("batch_size", 1)})
+                       "temperature": gen.get("temperature", 0.0), "batch_size": batch})
 
 
 def load_runs(root: Path) -> pd.DataFrame:

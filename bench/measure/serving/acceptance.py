@@ -64,11 +64,13 @@ def parse_counters(text: str, prefix: str) -> SpecCounters | None:
 
 
 def from_timings(new_tokens: int, timings: dict | None) -> dict | None:
-    """Steps of a turn from llama.cpp's per-response timings (draft_n_accepted), None where they have no
-    speculation counts. Per-step lengths are not reported: accept_lengths stays empty."""
-    if not timings or timings.get("draft_n_accepted") is None:
+    """Steps of a turn from llama.cpp's per-response timings (draft_n_accepted), None without timings. llama.cpp
+    leaves draft_n / draft_n_accepted out when the turn drafted nothing (tools/server/server-common.cpp:
+    `if (n_draft_tokens > 0)`), so timings without them are 0 drafted: one token a step. Per-step lengths are not
+    reported: accept_lengths stays empty."""
+    if not timings or (timings.get("draft_n_accepted") is None and timings.get("predicted_n") is None):
         return None
-    accepted = int(timings["draft_n_accepted"])
+    accepted = int(timings.get("draft_n_accepted") or 0)
     return {"steps": new_tokens - accepted, "accept_lengths": [], "acceptance_source": "llamacpp_timings",
             "drafted": int(timings.get("draft_n") or 0), "accepted": accepted}
 
