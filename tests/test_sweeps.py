@@ -21,12 +21,18 @@ SLURM = ("hydra_plugins.hydra_submitit_launcher.config", "SlurmQueueConf",
           "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "account", "signal_delay_s",
           "max_num_timeout", "additional_parameters", "array_parallelism", "setup"})
 
+LOCAL = ("hydra_plugins.hydra_submitit_launcher.config", "LocalQueueConf",
+         "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+         {"_target_", "submitit_folder", "timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb",
+          "nodes", "name", "stderr_to_stdout"})
+
 
 def launcher_config(name: str, *overrides: str):
     return compose_config(f"hydra/launcher={name}", *overrides, return_hydra_config=True).hydra.launcher
 
 
-@pytest.mark.parametrize("name, plugin", [("joblib", JOBLIB), ("submitit_slurm", SLURM)])
+@pytest.mark.parametrize("name, plugin", [("joblib", JOBLIB), ("submitit_slurm", SLURM),
+                                                 ("submitit_local", LOCAL)])
 def test_launcher_config_names_the_plugin_and_only_its_fields(name, plugin):
     module, dataclass_name, target, fields = plugin
     launcher = launcher_config(name)
