@@ -272,18 +272,6 @@ class EagleDrafter(Drafter):
 
     # --- drafting ------------------------------------------------------------------------------------------------
 
-    def _children(self, logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(slice positions [rows, count], their log q [rows, count], q over the full vocabulary [rows, vocab] or None)
-        of each row's children: top-count under greedy, drawn without replacement under sampling."""
-        if self.sampling.greedy:
-            logq = logits.float().log_softmax(-1)
-            values, positions = logq.topk(count, dim=-1)
-            return positions, values, None
-        q = logits_to_probs(logits, self.sampling)  # [rows, V']
-        count = min(count, int((q > 0).sum(-1).min()))
-        positions = torch.multinomial(q.cpu(), count, replacement=False, generator=self.generator).to(q.device)
-        return positions, q.gather(-1, positions).clamp(min=1e-30).log(), self.vocab.full_probs(q)
-
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         if max_tokens <= 1:
