@@ -21,13 +21,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matrix instructions
 
 
+def bfloat16_flags(cpuinfo: str) -> list[str]:
+    """The bfloat16 matrix instruction sets (BFLOAT16_CPU_FLAGS) named in a /proc/cpuinfo text's flags lines."""
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return [flag for flag in BFLOAT16_CPU_FLAGS if flag in flags]
+
+
 def cpu_bfloat16_support(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """The CPU's bfloat16 matrix instruction sets among BFLOAT16_CPU_FLAGS (empty: none, or not Linux)."""
+    """This CPU's bfloat16 matrix instruction sets among BFLOAT16_CPU_FLAGS (empty: none, or not Linux)."""
     try:
-        flags = next((l.split(":", 1)[1].split() for l in cpuinfo.read_text().splitlines() if l.startswith("flags")), [])
+        return bfloat16_flags(cpuinfo.read_text())
     except OSError:
         return []
-    return [flag for flag in BFLOAT16_CPU_FLAGS if flag in flags]
 
 
 def check_dtype_supported(cfg: DictConfig, device: torch.device, support: list[str] | None = None) -> None:

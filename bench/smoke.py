@@ -7,9 +7,8 @@ datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is s
 other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress against the
 committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Last, one bfloat16 run (BFLOAT16_CHECK: EAGLE-2 on 3 MT-bench questions, 64 tokens, model=smollm2_135m_bf16; not in
-the report or the baseline): every question
-that leaves vanilla's output must do so at a numeric tie proven by the float32 re-check, else the smoke fails. On a
-CPU without bfloat16 instructions it runs anyway (+model.allow_slow_bfloat16=true): it checks exactness, not speed.
+the report or the baseline): every question that leaves vanilla's output must do so at a numeric tie proven by the
+float32 re-check, else the smoke fails. On a CPU without bfloat16 instructions it runs anyway (+model.allow_slow_bfloat16=true): it checks exactness, not speed.
 Exit status: 0 passed, 1 a method failed or regressed, 2 nothing to compare (no baseline yet, say).
 """
 from __future__ import annotations
@@ -75,8 +74,9 @@ def bfloat16_check(out: Path, overrides: list[str]) -> str | None:
     except Exception:  # noqa: BLE001 - reported as the check's failure
         return traceback.format_exc()
     answers = read_jsonl(out / "answers.jsonl")
-    ties = [a for a in answers if not a["exact_match"] and (a.get("divergence") or {}).get("numeric_tie")]
-    bad = [a for a in answers if not a["exact_match"] and a not in ties]
+    diverged = [a for a in answers if not a["exact_match"]]
+    ties = [a for a in diverged if (a.get("divergence") or {}).get("numeric_tie")]
+    bad = [a for a in diverged if not (a.get("divergence") or {}).get("numeric_tie")]
     print(f"bfloat16 check: {len(answers)} questions, {len(answers) - len(ties) - len(bad)} exact, {len(ties)} "
           f"numeric tie(s) proven in float32, {len(bad)} failure(s)")
     if bad:

@@ -41,13 +41,12 @@ from torch import nn
 
 from bench.artifacts import artifact_fingerprint, resolve_artifact_path
 from bench.errors import ConfigError, MissingArtifactError
-from bench.models import load_model
+from bench.models import BFLOAT16_CPU_FLAGS, bfloat16_flags, cpu_bfloat16_support, load_model
 from methods.heads.common import (DraftVocabulary, load_strictly, most_frequent_tokens, read_heads, read_json,
                                   save_heads)
 from methods.heads.features import (Features, build_feature_cache, cache_folder, data_record, load_features)
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
-BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matrix instructions
 TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
 
 
@@ -63,17 +62,6 @@ class Recipe(Protocol):
     def checkpoint_config(self, module: nn.Module, tcfg: DictConfig) -> dict: ...
 
 
-def cpu_supports_bfloat16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU (its /proc/cpuinfo text) has AMX-BF16 or AVX512-BF16."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-    return any(flag in flags for flag in BFLOAT16_FLAGS)
-
-
 def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | None = None) -> torch.dtype:
     """The autocast dtype of `train.dtype`: auto = bfloat16 where the hardware has it (else float32, said once on
     stderr), or bfloat16 / float32 as given."""
@@ -85,11 +73,11 @@ def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | Non
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
     else:
-        supported = device.type == "cpu" and cpu_supports_bfloat16(cpuinfo)
+        supported = device.type == "cpu" and bool(cpu_bfloat16_support() if cpuinfo is None else bfloat16_flags(cpuinfo))
     if supported:
         return torch.bfloat16
     print(f"note: training in float32: this {device.type} has no bfloat16 matrix instructions "
-          f"({' / '.join(BFLOAT16_FLAGS)} not in /proc/cpuinfo); train.dtype=bfloat16 forces autocast", file=sys.stderr)
+          f"({' / '.join(BFLOAT16_CPU_FLAGS)} not in /proc/cpuinfo); train.dtype=bfloat16 forces autocast", file=sys.stderr)
     return torch.float32
 
 
