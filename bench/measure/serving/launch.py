@@ -71,17 +71,32 @@ class LaunchedServer:
             time.sleep(POLL_SECONDS)
 
     def stop(self) -> None:
-        """End the server's process group (by the pid it was started with) and reap it."""
+        """End the server's process group (by the pid it was started with), reap it and wait until no process of
+        the group is left: the shell may exit before the server it started has closed its port."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, None)):
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, STOP_GRACE_SECONDS)):
             try:
                 os.killpg(process.pid, sig)
             except ProcessLookupError:
-                return
+                break
+            give_up = time.monotonic() + wait
             try:
                 process.wait(timeout=wait)
-                return
             except subprocess.TimeoutExpired:
                 continue
+            if wait_group_gone(process.pid, give_up):
+                return
+        process.wait()
+
+
+def wait_group_gone(group: int, give_up: float) -> bool:
+    """Poll until process group `group` has no process left (True) or time.monotonic() passes `give_up` (False)."""
+    while time.monotonic() < give_up:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
