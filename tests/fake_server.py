@@ -1,7 +1,9 @@
 """A fake OpenAI-compatible serving engine for the server backend's tests (bench/measure/serving/): streams token
 ids from a deterministic rule (next = (last + 1) % vocab, optionally bent at one position), speaks llama.cpp's
-/completion, OpenAI's /v1/completions and /v1/chat/completions, optionally reports llama.cpp-style per-response
-timings and vLLM-style speculation counters on /metrics, and counts the requests it holds at once.
+/completion, OpenAI's /v1/completions and /v1/chat/completions and SGLang's native /generate (the output so far in
+every event, or increments; speculation in the last event's meta_info under the field names of one SGLang version),
+optionally reports llama.cpp-style per-response timings and vLLM- or llama.cpp-style speculation counters on
+/metrics, and counts the requests it holds at once.
 
 `python -m tests.fake_server --port N` serves it as a process (the `server.launch` tests)."""
 from __future__ import annotations
@@ -30,9 +32,10 @@ class FakeEngine:
     """The engine's state: its rule, what it reports, its counters and the requests it saw."""
 
     def __init__(self, vocab: int = 300, bend_at: int | None = None, timings: bool = False, counters: str | None = None,
-                 hold: int = 0, decode=None, token_ids: bool = True):
+                 hold: int = 0, decode=None, token_ids: bool = True, sglang_fields: str = "2026",
+                 incremental: bool = False):
         self.vocab, self.bend_at, self.timings, self.prefix = vocab, bend_at, timings, counters
-        self.token_ids = token_ids
+        self.token_ids, self.sglang_fields, self.incremental = token_ids, sglang_fields, incremental
         self.decode = decode or (lambda ids: "".join(f" t{i}" for i in ids))
         self.barrier = threading.Barrier(hold, timeout=30) if hold > 1 else None
         self.lock = threading.Lock()
@@ -69,7 +72,7 @@ class FakeEngine:
                  f"{p}spec_decode_num_accepted_tokens_total{{{labels}}} {float(self.accepted)}",
                  "# a comment", "process_cpu_seconds_total 1.5"]
         lines += [f'{p}spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
-                  for k, v in sorted(self.per_position.items())]
+                  for k, v in sorted(self.per_position.items()) if v or p != "llamacpp:"]  # llama.cpp: made lazily
         return "\n".join(lines) + "\n"
 
 
@@ -108,6 +111,8 @@ class Handler(BaseHTTPRequestHandler):
                 engine.in_flight -= 1
 
     def stream(self, body: dict) -> None:
+        if self.path == "/generate":
+            return self.stream_sglang(body)
         engine, native = self.engine, self.path == "/completion"
         prompt = body.get("prompt")
         if not isinstance(prompt, list):
@@ -134,6 +139,38 @@ class Handler(BaseHTTPRequestHandler):
         if engine.timings:
             last["timings"] = timings
         self.wfile.write(f"data: {json.dumps(last)}\n\n".encode() + (b"" if native else b"data: [DONE]\n\n"))
+
+
+    def stream_sglang(self, body: dict) -> None:
+        """SGLang's /generate: `text` and `output_ids` so far (or increments), meta_info's speculation at the end."""
+        engine = self.engine
+        ids = engine.tokens(body["input_ids"], body["sampling_params"]["max_new_tokens"])
+        engine.count(len(ids))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for k in range(1, len(ids) + 1):
+            meta = {"completion_tokens": k, "finish_reason": None if k < len(ids) else {"type": "length"}}
+            if k == len(ids):
+                meta.update(sglang_spec_meta(len(ids), engine.sglang_fields))
+            shown = ids[k - 1:k] if engine.incremental else ids[:k]
+            event = {"text": engine.decode(shown), "output_ids": shown, "meta_info": meta}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def sglang_spec_meta(n: int, fields: str) -> dict:
+    """meta_info's speculation fields for n tokens, named as SGLang `fields` names them: "2026" (accepted / proposed
+    drafts and the acceptance histogram), "2025" (accept / draft token nums), "verify" (spec_verify_ct only)."""
+    accepts = speculate(n)
+    meta = {"spec_verify_ct": len(accepts)}
+    if fields == "2026":
+        histogram = [sum(a == k for a in accepts) for k in range(DRAFT_WIDTH + 1)]
+        meta.update(spec_accepted_drafts=sum(accepts), spec_proposed_drafts=DRAFT_WIDTH * len(accepts),
+                    spec_accept_histogram=histogram)
+    elif fields == "2025":
+        meta.update(spec_accept_token_num=sum(accepts), spec_draft_token_num=DRAFT_WIDTH * len(accepts))
+    return meta
 
 
 class FakeServer:

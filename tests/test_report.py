@@ -152,7 +152,15 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
     out, _ = report
     text = (out / "leaderboard.md").read_text()
     sections = text.split("\n## ")[1:]
-    assert len(sections) == 2  # bfloat16 on the CPU and float32 on the GPU are never mixed
+    assert len(sections) == 3  # bfloat16 on the CPU and float32 on the GPU are never mixed, only set side by side
+    across = sections.pop()
+    assert across.startswith("Across backends: m · max_new_tokens 32")
+    rows = table_rows(across)[2:]
+    assert sorted(r[:4] for r in rows) == sorted([["cpu", "bfloat16", "1", m] for m in ["sps", "pld", "rest", "vanilla"]]
+                                                 + [["cuda:0", "float32", "1", "pld"]])
+    speeds = [float(r[6]) for r in rows]
+    assert speeds == sorted(speeds, reverse=True) and rows[-1][:4] == ["cuda:0", "float32", "1", "pld"]
+    assert rows[-1][4] == "0.50x" and rows[-1][6:8] == ["6.0", "12.0"]
     cpu = next(s for s in sections if "bfloat16" in s.splitlines()[0])
     for fact in ["device: cpu (Test CPU)", "model: m", "dtype: bfloat16", "torch: 2.13.0 (transformers 5.24.0)",
                  "max_new_tokens: 32", "questions per task: 1", "date: 2026-03-01 to 2026-03-03"]:
@@ -192,7 +200,7 @@ def test_acceptance_table_and_plots_and_html(report):
     images = re.findall(r"<img src='([^']+)'", page)
     assert sorted(images) == pngs  # relative paths to files next to the page
     assert "http://" not in page and "https://" not in page and "<script" not in page
-    assert page.count("<table>") == 6 and "2.25x" in page and "Retrieval-aug. Generation" in page
+    assert page.count("<table>") == 7 and "2.25x" in page and "Retrieval-aug. Generation" in page
 
 
 def test_cli_writes_the_report(tmp_path, capsys):
@@ -358,3 +366,27 @@ def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
     assert rows[4][0] == "pld+auto" and rows[4][1] == "—" and rows[4][2].startswith("1.02x")
     assert rows[4][3].startswith("0.97x") and len(rows) == 5
     assert len(list(out.glob("batch_sweep-*.png"))) == 1
+
+
+def test_backends_of_one_model_are_compared_side_by_side():
+    from bench.report.tables import backend_comparisons, backend_table
+
+    def row(setting, device, dtype, method, task, tps, speedup, mat, batch=1, model="m"):
+        return {"setting": setting, "model": model, "device": device, "dtype": dtype, "max_new_tokens": 128,
+                "temperature": 0.0, "batch_size": batch, "method": method, "task": task, "tokens_per_s": tps,
+                "baseline_tokens_per_s": tps / speedup, "speedup": speedup, "speedup_ci_low": speedup - 0.1,
+                "speedup_ci_high": speedup + 0.1, "mean_accepted_tokens": mat}
+
+    board = pd.DataFrame([row("a", "cpu", "float32", "pld", "qa", 24.0, 1.2, 1.78),
+                          row("a", "cpu", "float32", "pld", "overall", 24.0, 1.2, 1.78),
+                          row("b", "server:llamacpp", "Q4_1", "llamacpp_ngram", "qa", 115.0, 0.94, float("nan")),
+                          row("b", "server:llamacpp", "Q4_1", "llamacpp_ngram", "overall", 115.0, 0.94,
+                              float("nan")),
+                          row("c", "cpu", "float32", "pld", "overall", 30.0, 1.1, 1.5, model="other")])
+    comparisons = backend_comparisons(board)
+    assert len(comparisons) == 1 and set(comparisons[0].setting) == {"a", "b"}  # model "other" has one backend
+    table = backend_table(comparisons[0], board)
+    assert table.Method.tolist() == ["llamacpp_ngram", "pld"]  # fastest first
+    assert table["tok/s"].tolist() == ["115.0", "24.0"] and table["vanilla tok/s"].tolist() == ["122.3", "20.0"]
+    assert table.Speedup.tolist() == ["0.94x (0.84-1.04)", "1.20x (1.10-1.30)"]
+    assert table["#Mean Accepted Tokens"].tolist() == ["—", "1.78"] and table.tasks.tolist() == ["qa", "qa"]

@@ -167,6 +167,63 @@ def test_vllm_acceptance_from_metrics_deltas(compose, tokenizer, tmp_path, capsy
     assert "server-wide" in capsys.readouterr().err
 
 
+def test_llamacpp_per_position_acceptance_from_its_metrics_at_concurrency_1(compose, tokenizer, tmp_path):
+    with ExitStack() as stack:
+        spec = serve(stack, tokenizer, timings=True, counters="llamacpp:")
+        summary = run(compose(*server_args("llamacpp_ngram", spec, serve(stack, tokenizer)), "task=qa",
+                              "task.limit=2"))
+    accepts = speculate(MAX_NEW)  # [2, 0, 1, 2, 0, 0]
+    for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
+        choice = answer["choices"][0]
+        assert choice["acceptance_source"] == ["llamacpp_metrics"] and choice["accepted"] == [sum(accepts)]
+        assert choice["accept_lengths"] == [1, 3, 3, 2, 1, 1, 1] and choice["decoding_steps"] == [7]
+    overall = summary.iloc[-1]
+    assert overall.accept_rate_pos1 == pytest.approx(3 / 6) and overall.accept_rate_pos2 == pytest.approx(2 / 6)
+    assert overall.engine_acceptance_length == pytest.approx(1 + sum(accepts) / len(accepts))
+
+
+def test_llamacpp_falls_back_to_its_timings_above_concurrency_1(compose, tokenizer, tmp_path):
+    with ExitStack() as stack:
+        spec = serve(stack, tokenizer, timings=True, counters="llamacpp:")
+        run(compose(*server_args("llamacpp_ngram", spec, serve(stack, tokenizer)), "server.concurrency=2",
+                    "task=qa", "task.limit=2"))
+    for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
+        choice = answer["choices"][0]
+        assert choice["acceptance_source"] == ["llamacpp_timings"] and choice["accept_lengths"] == []
+        assert choice["decoding_steps"] == [7]
+
+
+def test_counters_of_a_turn_that_drafted_nothing_give_one_token_steps():
+    from bench.measure.serving.acceptance import SpecCounters, from_counters
+
+    assert from_counters(5, SpecCounters(drafts=2.0), "llamacpp_metrics")["accept_lengths"] == [1] * 5
+    assert from_counters(5, SpecCounters(), "llamacpp_metrics")["accept_lengths"] == [1] * 5
+    leaked = SpecCounters(drafts=9.0, accepted=1.0, per_position={0: 1.0})  # more drafts than the turn had steps
+    assert from_counters(5, leaked, "vllm_metrics")["accept_lengths"] == []
+
+
+@pytest.mark.parametrize("fields, lengths", [("2026", [1, 3, 3, 2, 1, 1, 1]), ("2025", []), ("verify", [])])
+@pytest.mark.parametrize("incremental", [False, True])
+def test_sglang_acceptance_from_generate_meta_info(compose, tokenizer, tmp_path, fields, lengths, incremental):
+    engine = FakeEngine(decode=tokenizer.decode, sglang_fields=fields, incremental=incremental)
+    with ExitStack() as stack:
+        spec = stack.enter_context(FakeServer(engine)).url
+        summary = run(compose(*server_args("sglang", spec, serve(stack, tokenizer)), "task=qa", "task.limit=2"))
+    accepts = speculate(MAX_NEW)
+    asked = [body for body in engine.bodies if body["sampling_params"]["max_new_tokens"] == MAX_NEW]
+    for answer, body in zip(read_jsonl(tmp_path / "run" / "answers.jsonl"), asked, strict=True):
+        choice = answer["choices"][0]
+        assert body["path"] == "/generate" and body["stream"] is True and body["sampling_params"]["temperature"] == 0
+        assert choice["token_ids"] == [engine.tokens(body["input_ids"], MAX_NEW)]
+        assert choice["turns"] == [tokenizer.decode(choice["token_ids"][0]).strip()]
+        assert choice["acceptance_source"] == ["sglang_meta_info"] and choice["decoding_steps"] == [7]
+        assert choice["accepted"] == [sum(accepts)] and choice["accept_lengths"] == lengths
+        assert len(choice["itl_s"][0]) == MAX_NEW - 1 and answer["exact_match"] is True
+    overall = summary.iloc[-1]
+    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / 7)
+    assert (overall.accept_rate_pos1 == pytest.approx(0.5)) if lengths else math.isnan(overall.accept_rate_pos1)
+
+
 def test_nothing_reported_gives_nan_not_a_number(compose, tokenizer, tmp_path):
     engine = FakeEngine(decode=tokenizer.decode, token_ids=False)  # text only: counted by our tokenizer
     with ExitStack() as stack:

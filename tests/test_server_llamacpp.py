@@ -1,6 +1,7 @@
 """backend=server against a real llama.cpp `llama-server` (built by benchmarks/build_llama_server.sh; skipped when it
 is not there): the harness launches it with its n-gram speculation and, for the baseline, without; stops both; and
-records answers in our layout with token ids and acceptance from llama.cpp's own timings."""
+records answers in our layout with token ids and acceptance from llama.cpp's own counters (/metrics around each
+request, checked against the response's timings)."""
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ def test_llama_server_ngram_speculation_is_recorded_like_our_engine(tmp_path):
         choice = answer["choices"][0]
         assert choice["token_count_source"] == ["engine"] and choice["new_tokens"] == [len(choice["token_ids"][0])]
         assert choice["token_ids"] == base["choices"][0]["token_ids"] and answer["exact_match"] is True
-        assert choice["acceptance_source"] == ["llamacpp_timings"] and choice["accepted"][0] <= choice["drafted"][0]
+        assert choice["acceptance_source"] == ["llamacpp_metrics"] and choice["accepted"][0] <= choice["drafted"][0]
         assert choice["decoding_steps"][0] == choice["new_tokens"][0] - choice["accepted"][0]
+        lengths = choice["accept_lengths"]
+        assert len(lengths) == choice["decoding_steps"][0] and sum(lengths) == choice["new_tokens"][0]
     overall = summary.set_index("task").loc["overall"]
     assert overall.exact_match == 1.0 and overall.mean_accepted_tokens > 1.0
     assert (tmp_path / "run" / "server.log").read_text().count("--spec-type ngram-simple") == 1

@@ -20,8 +20,8 @@ from bench.report.plots import (PLOT_PREFIXES, plot_accept_by_position, plot_acc
                                 plot_forward_time, plot_predicted_vs_measured, plot_speedup_by_task,
                                 plot_speedup_vs_mat)
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
-from bench.report.tables import (POSITION_COLUMNS, accept_lengths_by_method, acceptance_table, batch_sweep_table,
-                                 batch_sweeps, board_of, cost_table, formatted, markdown, profiles_of, setting_facts,
+from bench.report.tables import (POSITION_COLUMNS, accept_lengths_by_method, acceptance_table, backend_comparisons,
+                                 backend_table, batch_sweep_table, batch_sweeps, board_of, cost_table, formatted, markdown, profiles_of, setting_facts,
                                  table_warnings, wide_table)
 
 
@@ -45,6 +45,14 @@ BATCH_NOTES = (
     "Throughput speedup = the method's generated tokens/s over its batches / vanilla's, vanilla decoded in the same "
     "batches interleaved with the method (batch 1: the usual per-question speedup); 95% interval from a paired "
     "bootstrap over questions. The first row is vanilla's own throughput and its gain over the smallest batch."
+)
+
+
+BACKEND_NOTES = (
+    "Each setting's overall row side by side: the speedup is over that setting's own vanilla (decoded interleaved in "
+    "the same run), so rows of different backends are not paired with each other. batch: the batch size, or a "
+    "server's concurrency. tok/s: the runs' mean tokens/s per question (per request at that batch or concurrency; "
+    "absolute, from separate runs: compare them only between runs timed on the same quiet machine)."
 )
 
 
@@ -107,6 +115,11 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         sweep_md, sweep_html = sweep_section(out, sweep)
         md += sweep_md
         page.append(sweep_html)
+    for comparison in backend_comparisons(board):
+        table, first = backend_table(comparison, board), comparison.iloc[0]
+        title = f"Across backends: {first['model']} · max_new_tokens {first['max_new_tokens']}"
+        md += [f"## {title}", "", BACKEND_NOTES, "", markdown(table), ""]
+        page.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(BACKEND_NOTES)}</p>" + _html_table(table))
 
     (out / "leaderboard.md").write_text("\n".join(md))
     (out / "acceptance.md").write_text("\n".join(acc_md))

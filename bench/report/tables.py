@@ -253,6 +253,31 @@ def batch_sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def backend_comparisons(board: pd.DataFrame) -> list[pd.DataFrame]:
+    """The overall rows of each group of settings that share model, max_new_tokens and temperature but differ in
+    device or dtype (our engine beside a serving engine, CPU beside GPU), where it has two or more."""
+    overall = board[board.task == "overall"]
+    shared = ["model", "max_new_tokens", "temperature"]
+    return [group for _, group in overall.groupby(shared, sort=False, dropna=False)
+            if group[["device", "dtype"]].drop_duplicates().shape[0] > 1]
+
+
+def backend_table(comparison: pd.DataFrame, board: pd.DataFrame) -> pd.DataFrame:
+    """A row per setting x method of one comparison: where it ran, its speedup over that setting's own vanilla,
+    #MAT, the tokens/s of the method and of that vanilla, and the tasks it covers; fastest method first."""
+    rows = []
+    for r in comparison.itertuples():
+        tasks = sorted(set(board[(board.setting == r.setting) & (board.method == r.method)].task) - {"overall"})
+        rows.append({"Backend": r.device, "dtype": r.dtype, "batch": int(r.batch_size), "Method": r.method,
+                     "Speedup": speedup_text(r.speedup, r.speedup_ci_low, r.speedup_ci_high),
+                     MAT_COLUMN: "—" if pd.isna(r.mean_accepted_tokens) else f"{r.mean_accepted_tokens:.2f}",
+                     "tok/s": r.tokens_per_s, "vanilla tok/s": r.baseline_tokens_per_s,
+                     "tasks": ", ".join(tasks)})
+    table = pd.DataFrame(rows).sort_values("tok/s", ascending=False, kind="stable").reset_index(drop=True)
+    return table.assign(**{c: table[c].map(lambda v: "—" if pd.isna(v) else f"{v:.1f}")
+                           for c in ("tok/s", "vanilla tok/s")})
+
+
 def cost_table(board: pd.DataFrame) -> pd.DataFrame:
     """Per method (overall): measured and predicted speedup, the gap, where its time went, tokens per forward."""
     overall = board[(board.task == "overall") & (board.method != VANILLA)]

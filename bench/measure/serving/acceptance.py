@@ -2,9 +2,10 @@
 
 A turn of n new tokens with `accepted` accepted draft tokens took n - accepted target steps (each step adds its
 accepted drafts plus one token of the target's own; the prefill's token included), so #MAT = n / steps as for our
-engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM (and llama.cpp with --metrics) count
-server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn) and around
-the run (per run, where other traffic leaks in). Where nothing is reported the turn's steps are None (NaN in the
+engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM and llama.cpp (with --metrics) count
+server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn, with the
+per-position counts) and around the run (per run, where other traffic leaks in); SGLang reports per request in its
+native /generate's meta_info. Where nothing is reported the turn's steps are None (NaN in the
 metrics), never a guess."""
 from __future__ import annotations
 
@@ -84,16 +85,45 @@ def from_counters(new_tokens: int, delta: SpecCounters | None, source: str) -> d
     accepted = int(round(delta.accepted))
     steps = new_tokens - accepted
     lengths: list[int] = []
-    if delta.per_position and steps > 0:
-        counts = [int(round(delta.per_position.get(k, 0.0))) for k in range(max(delta.per_position) + 1)]
-        exactly = [int(round(delta.drafts)) - counts[0]] + [counts[k] - counts[k + 1] for k in range(len(counts) - 1)]
-        exactly.append(counts[-1])
-        decode = [1 + k for k, n in enumerate(exactly) for _ in range(n)]
-        lengths = [1] + sorted(decode, reverse=True) + [1] * max(0, steps - 1 - len(decode))
-        if len(lengths) != steps or sum(lengths) != new_tokens:
-            lengths = []  # counts that do not add up to this turn (traffic from elsewhere): per-step shares unknown
+    if steps > 0 and (delta.per_position or accepted == 0):  # llama.cpp creates per-position series lazily
+        counts = [int(round(delta.per_position.get(k, 0.0))) for k in range(max(delta.per_position, default=-1) + 1)]
+        exactly = [int(round(delta.drafts)) - (counts[0] if counts else 0)]
+        exactly += [counts[k] - counts[k + 1] for k in range(len(counts) - 1)] + counts[-1:]
+        lengths = steps_from_histogram(exactly, steps, new_tokens)
     return {"steps": steps, "accept_lengths": lengths, "acceptance_source": source,
             "drafted": int(round(delta.draft_tokens)), "accepted": accepted}
+
+
+def steps_from_histogram(exactly: list[int], steps: int, new_tokens: int) -> list[int]:
+    """A turn's step lengths from how many speculative steps accepted exactly k drafts (`exactly[k]`): the prefill's
+    step, the speculative steps longest first, then one-token steps that drafted nothing. [] when they do not add up
+    to the turn's steps and tokens (other traffic counted in, or a histogram of another turn)."""
+    decode = sorted((1 + k for k, n in enumerate(exactly) for _ in range(n)), reverse=True)
+    lengths = [1] + decode + [1] * max(0, steps - 1 - len(decode))
+    return lengths if len(lengths) == steps and sum(lengths) == new_tokens else []
+
+
+SGLANG_ACCEPTED = ("spec_accepted_drafts", "spec_accepted_tokens", "spec_accept_token_num")  # newest name first
+SGLANG_DRAFTED = ("spec_proposed_drafts", "spec_draft_token_num")
+
+
+def from_sglang_meta(new_tokens: int, meta: dict | None) -> dict | None:
+    """Steps of a turn from SGLang's per-request `meta_info` (native /generate, in the last streamed event):
+    `spec_verify_ct` verification forwards after the prefill's token, the accepted drafts under the name of the
+    version (SGLANG_ACCEPTED), and where given `spec_accept_histogram` (index k: steps that accepted k drafts), which
+    yields accept_lengths. None when meta_info has no speculation fields (SGLang adds them only when it verified)."""
+    meta = meta or {}
+    verify = meta.get("spec_verify_ct")
+    accepted = next((meta[k] for k in SGLANG_ACCEPTED if meta.get(k) is not None), None)
+    if accepted is None and verify is None:
+        return None
+    accepted = int(accepted) if accepted is not None else max(0, new_tokens - 1 - int(verify))
+    steps = new_tokens - accepted
+    histogram = meta.get("spec_accept_histogram")
+    lengths = steps_from_histogram([int(n) for n in histogram], steps, new_tokens) if histogram else []
+    drafted = next((int(meta[k]) for k in SGLANG_DRAFTED if meta.get(k) is not None), None)
+    return {"steps": steps, "accept_lengths": lengths, "acceptance_source": "sglang_meta_info", "drafted": drafted,
+            "accepted": accepted}
 
 
 def no_speculation(new_tokens: int) -> dict:

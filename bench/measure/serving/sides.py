@@ -26,7 +26,7 @@ class ServerSide:
         self.url, self.setting, self.spec, self.tokenizer = url.rstrip("/"), setting, spec, tokenizer
         self.engine, self.speculative, self.metrics_path = engine, speculative, metrics_path
         self.prefix = acceptance.COUNTER_PREFIXES.get(engine)
-        self.per_turn_counters = per_turn_counters and speculative and self.prefix is not None and engine != "llamacpp"
+        self.per_turn_counters = per_turn_counters and speculative and self.prefix is not None
 
     def probe(self, health_path: str) -> None:
         """MissingArtifactError naming the url and its setting when nothing listens there (any HTTP answer will do)."""
@@ -88,6 +88,11 @@ class ServerSide:
             found = acceptance.no_speculation(n)
         elif self.engine == "llamacpp":
             found = acceptance.from_timings(n, streamed.timings)
+            counted = acceptance.from_counters(n, delta, "llamacpp_metrics")
+            if found and counted and counted["accepted"] == found["accepted"] and counted["accept_lengths"]:
+                found = counted  # its /metrics agree with the response's timings, and add the per-step lengths
+        elif self.engine == "sglang":
+            found = acceptance.from_sglang_meta(n, streamed.meta_info)
         else:
             found = acceptance.from_counters(n, delta, f"{self.engine}_metrics")
         found = found or acceptance.unreported()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from bench.measure.serving.http import post_stream
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "completions_text": "/v1/completions",
-                  "chat": "/v1/chat/completions", "llamacpp": "/completion"}
+                  "chat": "/v1/chat/completions", "llamacpp": "/completion", "sglang": "/generate"}
 
 
 @dataclass
@@ -22,6 +22,7 @@ class StreamedTurn:
     itl: list[float] = field(default_factory=list)
     e2e: float = 0.0
     timings: dict | None = None  # llama.cpp's per-response timings (draft_n, draft_n_accepted, predicted_n...)
+    meta_info: dict | None = None  # SGLang's per-request meta_info, as its last event had it (spec_verify_ct...)
     finish_reason: str | None = None
 
 
@@ -40,7 +41,11 @@ class RequestSpec:
 
     def body(self, prompt_ids: list[int], prompt_text: str, messages: list[dict], seed: int) -> dict:
         """The JSON body of one turn: the prompt as token ids (completions, llamacpp), as our rendered text
-        (completions_text) or as the chat so far (chat, templated by the server)."""
+        (completions_text), as the chat so far (chat, templated by the server), or as SGLang's native request
+        (input_ids and sampling_params; no seed: its name differs across SGLang versions)."""
+        if self.endpoint == "sglang":
+            sampling = {"max_new_tokens": self.max_tokens, "temperature": self.temperature, "stop": self.stop}
+            return {"input_ids": prompt_ids, "sampling_params": sampling, "stream": True, **self.extra}
         common = {"stream": True, "temperature": self.temperature, "stop": self.stop, "seed": seed, **self.extra}
         if self.endpoint == "llamacpp":
             return {"prompt": prompt_ids, "n_predict": self.max_tokens, "return_tokens": True, **common}
@@ -51,10 +56,16 @@ class RequestSpec:
         return {**named, "prompt": prompt, "max_tokens": self.max_tokens, **common}
 
 
-def event_tokens(event: dict) -> tuple[str, list[int] | None]:
-    """(text, token ids or None) carried by one streamed event of any endpoint kind: llama.cpp's `content` and
-    `tokens`; OpenAI's choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs
+def event_tokens(event: dict, sent: tuple[str, list[int]] = ("", [])) -> tuple[str, list[int] | None]:
+    """(text, token ids or None) that one streamed event adds, for any endpoint kind: SGLang's `text` and
+    `output_ids` (the whole output so far, so `sent` is cut off, unless the server streams increments, seen as
+    `output_ids` shorter than meta_info's completion_tokens); llama.cpp's `content` and `tokens`; OpenAI's choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs
     tokens written `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
+    if "output_ids" in event:  # SGLang's /generate
+        ids, text = [int(t) for t in event["output_ids"]], event.get("text") or ""
+        if len(ids) == (event.get("meta_info") or {}).get("completion_tokens", len(ids)) and len(ids) >= len(sent[1]):
+            return text[len(sent[0]):] if text.startswith(sent[0]) else text, ids[len(sent[1]):]
+        return text, ids
     if "content" in event or "tokens" in event:  # llama.cpp's /completion
         tokens = event.get("tokens")
         return event.get("content") or "", None if tokens is None else [int(t) for t in tokens]
@@ -71,24 +82,33 @@ def event_tokens(event: dict) -> tuple[str, list[int] | None]:
 
 def stream_turn(url: str, spec: RequestSpec, body: dict) -> StreamedTurn:
     """Send one request and read its stream to the end, timing every event that carries output."""
-    out, pieces, ids, last = StreamedTurn(), [], [], None
+    out, ids, last = StreamedTurn(), [], None
     sent = time.perf_counter()
     for arrived, event in post_stream(url + ENDPOINT_PATHS[spec.endpoint], body, spec.timeout):
-        text, tokens = event_tokens(event)
+        text, tokens = event_tokens(event, (out.text, ids or []))
         if event.get("timings"):
             out.timings = event["timings"]
+        if event.get("meta_info"):
+            out.meta_info = event["meta_info"]
         choice = (event.get("choices") or [{}])[0]
-        out.finish_reason = choice.get("finish_reason") or event.get("stop_type") or out.finish_reason
+        out.finish_reason = choice.get("finish_reason") or event.get("stop_type") or finish_type(out.meta_info) \
+            or out.finish_reason
         if ids is not None:
             ids = None if tokens is None and text else ids + (tokens or [])
         if not text and not tokens:
             continue
-        pieces.append(text)
+        out.text += text
         if last is None:
             out.ttft = arrived - sent
         else:
             out.itl.append(arrived - last)
         last = arrived
     out.e2e = time.perf_counter() - sent
-    out.text, out.token_ids = "".join(pieces), ids
+    out.token_ids = ids
     return out
+
+
+def finish_type(meta_info: dict | None) -> str | None:
+    """SGLang's finish reason (a dict with `type`, or a string in older versions), None while it runs."""
+    reason = (meta_info or {}).get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
