@@ -111,13 +111,25 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
         targets = vocab.slice_positions(ahead(batch.labels, step + 1, length)[keep])  # the target's next token
         logits = vocab(predicted[keep])
         if step < ttt_steps and keep.any():
-            wanted = ahead(batch.hidden, step + 1, length)[keep]
-            loss = loss + ttt_decay ** step * (
-                feature_weight * nn.functional.smooth_l1_loss(predicted[keep].to(loss.dtype), wanted.to(loss.dtype))
-                + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100))
+            loss = loss + ttt_decay ** step * step_loss(predicted[keep], ahead(batch.hidden, step + 1, length)[keep],
+                                                        logits, targets, feature_weight, token_weight, loss.dtype)
         outputs.append((logits.detach(), targets))
         features = predicted
     return loss, outputs
+
+
+def step_loss(predicted: torch.Tensor, wanted: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+              feature_weight: float, token_weight: float, dtype: torch.dtype) -> torch.Tensor:
+    """One unrolled step's loss: feature_weight x SmoothL1(predicted, wanted feature) + token_weight x cross-entropy
+    of the logits against the target slice positions (-100: ignored). A zero weight drops its term (EAGLE-3 has no
+    feature loss, and its features are wider than the head's outputs); so does a step whose targets all lie outside
+    the draft vocabulary (cross-entropy over no positions is NaN)."""
+    loss = predicted.new_zeros((), dtype=dtype)
+    if feature_weight:
+        loss = loss + feature_weight * nn.functional.smooth_l1_loss(predicted.to(dtype), wanted.to(dtype))
+    if token_weight and bool((targets != -100).any()):
+        loss = loss + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100)
+    return loss
 
 
 class EagleRecipe:

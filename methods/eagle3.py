@@ -16,7 +16,8 @@ defaults 60 / 7 / 10); only the head and its vocabulary differ.
 Checkpoints: SafeAILab's (`yuhuili/EAGLE3-*`: config.json with `draft_vocab_size`, pytorch_model.bin or
 model.safetensors) and the speculators format that vLLM loads (config.json with `speculators_model_type: eagle3`,
 `architectures: ["Eagle3Speculator"]`, `transformer_layer_config`, weights with `layers.0.*` for `midlayer.*`), both
-loaded strictly (`load_eagle3`). This project trains no EAGLE-3 head yet.
+loaded strictly (`load_eagle3`). `python -m bench.train method=eagle3` trains one (`Eagle3Recipe`, through
+methods/heads/training.py) and writes SafeAILab's layout.
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 from bench.artifacts import artifact_fingerprint
 from bench.engine.sampling import SamplingConfig
 from bench.errors import InvalidArtifactError, MissingArtifactError
-from methods.eagle import UPSTREAM_WEIGHTS, EagleDrafter
+from methods.eagle import UPSTREAM_WEIGHTS, EagleDrafter, EagleRecipe, eagle_loss
 from methods.heads.common import checkpoint_folder, load_strictly, read_json, read_tensors
 
+TRAIN_COMMAND = "python -m bench.train method=eagle3"
 UPSTREAM_HEADS = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B for meta-llama/Llama-3.1-8B-Instruct (model=llama31_8b)"
 POINT_AT_A_HEAD = (f"set model.eagle3.checkpoint to the folder or hub id of an EAGLE-3 head made for this target "
                    f"(SafeAILab's or the speculators format, e.g. {UPSTREAM_HEADS})")
@@ -115,6 +117,8 @@ class Eagle3Head(nn.Module):
             position_ids = torch.arange(past, past + features.shape[1], device=features.device)[None]
         if attention_mask is None:
             attention_mask = causal_mask(features.shape[1], past, features.dtype, features.device)
+        elif attention_mask.dtype == torch.bool:  # True: attend (the training-time test's unrolled_mask)
+            attention_mask = additive_mask(attention_mask, features.dtype)
         position_embeddings = self.rotary(features, position_ids)
         return self.midlayer(embeds.to(features.dtype), features, position_embeddings, attention_mask, cache)
 
@@ -130,8 +134,12 @@ class Eagle3Head(nn.Module):
 def causal_mask(rows: int, past: int, dtype: torch.dtype, device) -> torch.Tensor:
     """[1, 1, rows, past + rows] additive mask: every row sees the `past` cached positions and the rows up to itself."""
     allowed = torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(allowed, dtype)[None, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True: attend) as an additive one in `dtype` (what eager attention adds to its scores)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class Eagle3Vocabulary:
@@ -147,6 +155,12 @@ class Eagle3Vocabulary:
 
     def to_token_ids(self, positions: torch.Tensor) -> torch.Tensor:
         return self.head.to_token_ids(positions)
+
+    def slice_positions(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids (-100 outside the draft vocabulary, for cross-entropy's ignore_index)."""
+        t2d = self.head.t2d
+        draft_ids = t2d.long().cumsum(0) - 1
+        return torch.where(t2d[token_ids], draft_ids[token_ids], -100)
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -177,9 +191,13 @@ def load_eagle3(checkpoint: str | Path | None, target) -> tuple[Eagle3Head, str]
     target's), `d2t` / `t2d` when the draft vocabulary is the target's (upstream deletes them; identity maps) and
     `*.rotary_emb.inv_freq` (recomputed). Anything else missing, unexpected or mis-shaped is refused in one line."""
     if not checkpoint:
-        raise MissingArtifactError(f"EAGLE-3 needs a trained head and none is trained for this model yet (this "
-                                   f"project has no EAGLE-3 trainer); {POINT_AT_A_HEAD}")
+        raise MissingArtifactError(f"EAGLE-3 needs a trained head and none is configured for this model "
+                                   f"(model.eagle3.checkpoint is unset); train one with: {TRAIN_COMMAND} "
+                                   f"model=<model>, or {POINT_AT_A_HEAD}")
     folder = checkpoint_folder(checkpoint, "EAGLE-3")
+    if not folder.exists():
+        raise MissingArtifactError(f"EAGLE-3 head not found at {folder}; train it with: {TRAIN_COMMAND}, or "
+                                   f"{POINT_AT_A_HEAD}")
     config = read_json(folder / "config.json", REFETCH)
     if not config:
         raise MissingArtifactError(f"{folder} has no config.json, so it is no EAGLE-3 checkpoint; {POINT_AT_A_HEAD}")
@@ -249,3 +267,66 @@ def new_head(folder: Path, layer: LlamaConfig, config: dict, target, own_embeddi
     draft_vocab = int(config.get("draft_vocab_size") or target_config.vocab_size)  # vLLM: the target's when absent
     return Eagle3Head(layer, target_hidden, target_config.vocab_size, draft_vocab, tuple(layers), norm_before_residual,
                       own_embedding)
+
+
+# --- training (methods/heads/training.py) ----------------------------------------------------------------------
+
+def upstream_config(config, vocab_size: int, draft_vocab_size: int) -> dict:
+    """config.json of a head trained here, in SafeAILab's layout (eagle/traineagle3/config.json's fields): the widths,
+    activation, norm epsilon and rotary base of `config` (the target's, or the head's own layer config), one layer."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    fields = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": config.hidden_size,
+              "intermediate_size": config.intermediate_size, "num_attention_heads": config.num_attention_heads,
+              "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
+              "hidden_act": config.hidden_act, "rms_norm_eps": config.rms_norm_eps,
+              "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+              "max_position_embeddings": config.max_position_embeddings, "num_hidden_layers": 1,
+              "tie_word_embeddings": False, "vocab_size": vocab_size, "draft_vocab_size": draft_vocab_size}
+    if rope.get("rope_type", "default") != "default":
+        fields["rope_scaling"] = rope
+    return fields
+
+
+class Eagle3Recipe(EagleRecipe):
+    """Training recipe of an EAGLE-3 head, after SafeAILab's eagle/traineagle3: the target's three fused layers in
+    (`feature_layers`: the cache stores them), the head unrolled on its own outputs for `ttt_steps` steps (EAGLE's
+    training-time test, `eagle_loss`), loss sum_k ttt_decay^k x cross-entropy against the target's argmax over the
+    draft vocabulary (positions whose argmax lies outside it are skipped, as upstream's mask does); no feature
+    regression and no input noise. The draft vocabulary (d2t / t2d) is the training set's most frequent target
+    predictions. Written in SafeAILab's layout (config.json with draft_vocab_size, weights with d2t / t2d)."""
+
+    method = "eagle3"
+
+    def __init__(self, ttt_steps: int = 7, ttt_decay: float = 0.8):
+        super().__init__(noise=0.0, feature_weight=0.0, token_weight=1.0, ttt_steps=ttt_steps, ttt_decay=ttt_decay)
+
+    def feature_layers(self, target) -> list[int]:
+        return list(eagle3_feature_layers(target.config.num_hidden_layers))
+
+    def build(self, target, tcfg) -> Eagle3Head:
+        """A fresh head, built from its config.json as load_eagle3 builds it (so training and loading agree)."""
+        vocab = target.config.vocab_size
+        config = upstream_config(target.config, vocab, min(tcfg.get("draft_vocab_size") or vocab, vocab))
+        return upstream_head(Path(str(tcfg.out_dir)), config, target, own_embedding=False).train()
+
+    def loss(self, module: Eagle3Head, vocab, batch, target):
+        """eagle_loss over the head's own draft vocabulary (`vocab`, the pipeline's slice of the target's LM head,
+        holds the same ids and is not used)."""
+        return eagle_loss(module, Eagle3Vocabulary(module), target.get_input_embeddings(), batch, self.noise,
+                          self.feature_weight, self.token_weight, self.ttt_steps, self.ttt_decay)
+
+    def checkpoint_config(self, module: Eagle3Head, tcfg) -> dict:
+        return upstream_config(module.midlayer.self_attn.config, module.t2d.shape[0], module.lm_head.out_features)
+
+    def set_vocabulary(self, module: Eagle3Head, token_ids: torch.Tensor | None) -> None:
+        """d2t / t2d of a fresh head from the draft vocabulary's sorted target ids (None: the target's whole one)."""
+        size, device = module.lm_head.out_features, module.d2t.device
+        ids = torch.arange(size, device=device) if token_ids is None else token_ids.to(device)
+        module.d2t.copy_(ids - torch.arange(size, device=device))
+        module.t2d.zero_()[ids] = True
+
+    def vocabulary_ids(self, module: Eagle3Head) -> torch.Tensor | None:
+        """The head's draft vocabulary as sorted target ids (None: the target's whole vocabulary)."""
+        if module.lm_head.out_features == module.t2d.shape[0]:
+            return None
+        return (torch.arange(module.d2t.shape[0], device=module.d2t.device) + module.d2t).cpu()

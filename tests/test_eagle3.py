@@ -266,13 +266,17 @@ def test_full_vocabulary_head_needs_no_maps(tiny_model, prompts, tmp_path, one_t
     assert_lossless(tiny_model, Eagle3Drafter(tiny_model, head=loaded, total_token=8, depth=3, top_k=2), prompts[0], 20)
 
 
-def test_missing_head_says_none_is_trained_and_how_to_point_at_one(tiny_model):
+@pytest.mark.parametrize("checkpoint", ["null", "untrained"])
+def test_missing_head_says_how_to_train_one_or_point_at_one(tiny_model, tmp_path, checkpoint):
+    """No model.eagle3.checkpoint, or one pointing at a folder not trained yet (SmolLM2's before its training)."""
+    folder = tmp_path / "eagle3"
     with pytest.raises(MissingArtifactError) as err:
-        drafter_from_config("eagle3", tiny_model, None)  # SmolLM2's config: no model.eagle3 block
+        drafter_from_config("eagle3", tiny_model, None,
+                            f"model.eagle3.checkpoint={'null' if checkpoint == 'null' else folder}")
     message = str(err.value)
-    assert "\n" not in message and "none is trained for this model yet" in message
+    assert "\n" not in message and "python -m bench.train method=eagle3" in message
     assert "model.eagle3.checkpoint" in message and "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in message
-    assert "bench.train" not in message  # no trainer exists to name
+    assert ("is unset" if checkpoint == "null" else f"not found at {folder}") in message
 
 
 def test_checkpoint_folder_without_config_is_missing(tiny_model, tmp_path):

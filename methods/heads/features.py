@@ -127,7 +127,11 @@ def cache_settings(cfg: DictConfig) -> dict:
 
 
 def cache_folder(cfg: DictConfig) -> Path:
-    return Path(os.path.expanduser(cfg.features.dir))
+    """features.dir; for layers other than the last ([-1]) with their indices appended (`-layers_2_15_27`, EAGLE-3's
+    for SmolLM2), so that caches of different layers live apart (meta.json refuses a mix anyway)."""
+    folder = Path(os.path.expanduser(cfg.features.dir))
+    layers = list(cfg.features.layers)
+    return folder if layers == [-1] else folder.with_name(f"{folder.name}-layers_{'_'.join(map(str, layers))}")
 
 
 def check_meta(folder: Path, settings: dict) -> None:

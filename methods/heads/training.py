@@ -61,6 +61,11 @@ class Recipe(Protocol):
 
     def checkpoint_config(self, module: nn.Module, tcfg: DictConfig) -> dict: ...
 
+    # Optional (EAGLE-3's recipe has them): `feature_layers(target)`, the target layers the cache must store (they
+    # replace features.layers); `set_vocabulary(module, ids)` / `vocabulary_ids(module)`, for a module that holds its
+    # draft vocabulary itself (d2t / t2d), so the checkpoint carries no `draft_vocab_ids`; `save(out_dir, module,
+    # card)`, a checkpoint format of its own (not continued by train.resume=true).
+
 
 def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | None = None) -> torch.dtype:
     """The autocast dtype of `train.dtype`: auto = bfloat16 where the hardware has it (else float32, said once on
@@ -152,6 +157,8 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
     device = torch.device(cfg.device)
     target, tokenizer = load_model(cfg.model, device)
     target.requires_grad_(False)
+    if hasattr(recipe, "feature_layers"):  # EAGLE-3: the three target layers its head fuses
+        cfg.features.layers = recipe.feature_layers(target)
     out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
     if stint_minutes(tcfg) == 0:
         return evaluate_committed(cfg, recipe, target, tokenizer, out_dir)
@@ -164,6 +171,8 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
     module = recipe.build(target, tcfg).to(device)
     committed = load_committed(out_dir, recipe, module, tcfg) if tcfg.resume else None
     vocab_ids = committed["vocab_ids"] if committed else draft_vocabulary_ids(tcfg, train_set, target, tokenizer)
+    if committed is None and hasattr(recipe, "set_vocabulary"):  # a module that holds its vocabulary (EAGLE-3)
+        recipe.set_vocabulary(module, vocab_ids)
     vocab = DraftVocabulary(target.get_output_embeddings(), vocab_ids)
     optimizer = torch.optim.AdamW(module.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
     checkpoint_path = Path(os.path.expanduser(tcfg.checkpoint))
@@ -201,7 +210,8 @@ def write_heads(out_dir: Path, recipe: Recipe, module: nn.Module, vocab_ids, car
     if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/heads/modelopt.py: mto.save)
         recipe.save(out_dir, module, card)
         return
-    weights = {**module.state_dict(), **({} if vocab_ids is None else {"draft_vocab_ids": vocab_ids})}
+    in_module = vocab_ids is None or hasattr(recipe, "vocabulary_ids")  # EAGLE-3's d2t / t2d are module buffers
+    weights = {**module.state_dict(), **({} if in_module else {"draft_vocab_ids": vocab_ids})}
     save_heads(out_dir, {"specbench_method": recipe.method, **recipe.checkpoint_config(module, tcfg)}, weights, card)
 
 
@@ -220,6 +230,8 @@ def load_committed(out_dir: Path, recipe: Recipe, module: nn.Module, tcfg: DictC
                           + " ".join(f"train.{key}={value}" for key, value in differ.items()))
     vocab_ids = tensors.pop("draft_vocab_ids", None)
     load_strictly(module, tensors, out_dir / "model.safetensors", f"remake it with: {command} train.resume=false")
+    if hasattr(recipe, "vocabulary_ids"):
+        vocab_ids = recipe.vocabulary_ids(module)
     return {"vocab_ids": vocab_ids, "card": read_json(out_dir / "card.json", f"fix or remove it"), "tensors": tensors,
             "fingerprint": artifact_fingerprint(out_dir)}
 

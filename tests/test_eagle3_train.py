@@ -1,0 +1,143 @@
+"""EAGLE-3's trainer (methods/eagle3.py Eagle3Recipe through methods/heads/training.py): its loss is the drafting
+computation's, training lowers it, and `train_heads` writes SafeAILab's layout that load_eagle3 loads strictly and
+that drafts losslessly."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors import safe_open
+from transformers import DynamicCache
+
+from bench.models import load_model
+from methods.eagle3 import Eagle3Drafter, Eagle3Recipe, Eagle3Vocabulary, eagle3_feature_layers, load_eagle3
+from methods.heads.features import Features, load_features
+from methods.heads.training import train_heads, train_step
+from tests.conftest import VOCAB, make_tiny_model
+from tests.method_checks import assert_lossless
+from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: the fixture)
+
+SEQ, DRAFT_VOCAB = 12, 48
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model(seed=3, dtype=torch.float32)
+
+
+def fresh_head(target, recipe: Eagle3Recipe, draft_ids: torch.Tensor):
+    torch.manual_seed(0)
+    head = recipe.build(target, OmegaConf.create({"draft_vocab_size": len(draft_ids), "out_dir": "unused"}))
+    recipe.set_vocabulary(head, draft_ids)
+    return head
+
+
+@torch.no_grad()
+def target_batch(target, rows: int = 2, seed: int = 1) -> Features:
+    """Random sequences with the target's fused features (the cache's layout) and its argmax; every position kept."""
+    ids = torch.randint(VOCAB, (rows, SEQ), generator=torch.Generator().manual_seed(seed))
+    out = target(input_ids=ids, output_hidden_states=True)
+    layers = eagle3_feature_layers(target.config.num_hidden_layers)
+    hidden = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return Features(ids, hidden, out.logits.argmax(-1), torch.ones(rows, SEQ, dtype=torch.bool))
+
+
+def test_the_loss_is_cross_entropy_over_the_draft_vocabulary_of_what_drafting_computes(target):
+    """Step 0: (token t+1, fused feature f_t) -> the target's argmax at t+1; step 1 at t: (token t+2, the head's
+    step-0 output at t) fed after the prefix 0..t as the drafter feeds a tree level. Positions whose target token is
+    outside the draft vocabulary are skipped; the steps weigh 1 and 0.8."""
+    batch = target_batch(target, rows=1)
+    labels = batch.labels[0]
+    draft_ids = torch.cat([labels[2:7], torch.arange(VOCAB)]).unique()[:DRAFT_VOCAB].sort().values
+    recipe = Eagle3Recipe(ttt_steps=2)
+    head = fresh_head(target, recipe, draft_ids).eval()
+    embed = target.get_input_embeddings()
+    in_vocab = torch.isin(labels, draft_ids)
+    assert not in_vocab.all() and in_vocab[1:].any()  # some positions are skipped, some kept
+    loss, outputs = recipe.loss(head, None, batch, target)
+    with torch.no_grad():
+        step0 = head(embed(batch.input_ids[:, 1:]), batch.hidden[:, :-1])[0]  # [S-1, h]
+        losses = []
+        for step, rows in ((0, range(SEQ - 1)), (1, range(SEQ - 2))):
+            logits, wanted = [], []
+            for t in rows:
+                if step == 0:
+                    out = step0[t]
+                else:  # the prefix's cache, then one tree row at position t+1
+                    cache = DynamicCache()
+                    head(embed(batch.input_ids[:, 1 : t + 2]), batch.hidden[:, : t + 1], cache=cache)
+                    out = head(embed(batch.input_ids[:, t + 2 : t + 3]), step0[t][None, None], cache=cache,
+                               position_ids=torch.tensor([[t + 1]]))[0, 0]
+                if in_vocab[t + step + 1]:
+                    logits.append(head.logits(out))
+                    wanted.append(int(torch.searchsorted(draft_ids, labels[t + step + 1])))
+            losses.append(torch.nn.functional.cross_entropy(torch.stack(logits), torch.tensor(wanted)))
+            vocab_targets = outputs[step][1]
+            assert vocab_targets[vocab_targets >= 0].tolist() == wanted
+            torch.testing.assert_close(outputs[step][0][vocab_targets >= 0], torch.stack(logits), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, losses[0] + 0.8 * losses[1], atol=1e-5, rtol=1e-5)
+
+
+def test_training_steps_lower_the_loss_on_a_fixed_batch(target):
+    batch = target_batch(target, rows=4, seed=2)
+    recipe = Eagle3Recipe(ttt_steps=3)
+    draft_ids = torch.arange(0, VOCAB, 2)
+    head = fresh_head(target, recipe, draft_ids)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    vocab = Eagle3Vocabulary(head)
+    losses = [train_step(recipe, head, vocab, batch, target, optimizer, 3e-3, 0.5, torch.float32) for _ in range(8)]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert torch.equal(head.d2t + torch.arange(len(draft_ids)), draft_ids)  # the maps are buffers, never trained
+
+
+def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_losslessly(tiny_checkpoint, corpus,
+                                                                                        tmp_path, one_thread, capsys):
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", "train.draft_vocab_size=64")
+    out_dir = train_heads(cfg, Eagle3Recipe())
+    assert list(cfg.features.layers) == [1, 1, 1]  # eagle3_feature_layers of a 2-layer target
+    meta = json.loads((tmp_path / "features-layers_1_1_1" / "meta.json").read_text())
+    assert meta["settings"]["layers"] == [1, 1, 1] and not (tmp_path / "features").exists()
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64 and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 64 and config["vocab_size"] == 400
+    with safe_open(str(out_dir / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert {"fc.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight"} <= keys
+    assert not keys & {"draft_vocab_ids", "embed_tokens.weight"}
+    card = json.loads((out_dir / "card.json").read_text())
+    assert card["method"] == "eagle3" and card["steps"] == 4 and card["draft_vocab_size"] == 64
+    assert [h["depth"] for h in card["heldout_agreement"]] == [1, 2, 3, 4, 5, 6, 7]  # ttt_steps 7 unrolled
+    assert all(0 <= h["top1"] <= h["top5"] <= 1 for h in card["heldout_agreement"])
+
+    cfg.model.dtype = "float64"  # rules out rounding flips in the lossless check
+    model, _ = load_model(cfg.model, torch.device("cpu"))
+    head, _ = load_eagle3(out_dir, model)  # strict: raises on any missing or unexpected key
+    train_set, _ = load_features(cfg)
+    labels = train_set.labels[train_set.mask]
+    draft_ids = head.d2t + torch.arange(64)
+    assert head.t2d.sum() == 64 and head.t2d[draft_ids].all()
+    assert torch.bincount(labels).argmax() in draft_ids  # the training set's most frequent prediction is in
+    assert_lossless(model, Eagle3Drafter(model, checkpoint=str(out_dir), total_token=8, depth=3, top_k=2),
+                    [5, 6, 7, 8, 9, 10], 20)
+
+
+
+def test_eagle3_stints_print_and_continue_the_committed_head(tiny_checkpoint, corpus, tmp_path, one_thread, capsys):
+    """train.minutes=0 evaluates the committed head; train.resume=true continues it with its AdamW state (the
+    vocabulary maps included in the weights it matches)."""
+    settings = ("train.draft_vocab_size=64", "train.ttt_steps=2")
+    out_dir = train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings), Eagle3Recipe(2))
+    card = json.loads((out_dir / "card.json").read_text())
+    capsys.readouterr()
+    train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.minutes=0"),
+                Eagle3Recipe(2))
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["heldout_agreement"] == card["heldout_agreement"]  # same head, same held-out set, float32
+    assert printed["feature_cache"].endswith("features-layers_1_1_1")
+    train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.resume=true",
+                             "train.max_steps=2"), Eagle3Recipe(2))
+    card = json.loads((out_dir / "card.json").read_text())
+    assert [s["steps"] for s in card["stints"]] == [4, 2] and card["draft_vocab_size"] == 64
+    assert card["stints"][1]["start"].startswith("continued from the committed head with its saved float32 weights")
