@@ -6,25 +6,34 @@ they are accepted, and an optional static one over a corpus (ShareGPT, built onc
 the tokens so far, moved on by each new token in amortised O(1): the decoded length never enters a step's cost.
 Each step matches the root on top of both; the longer match (the corpus match counted `len_bias` tokens shorter; the
 dynamic one wins ties) proposes the chain of the tokens that followed its earliest occurrence, `n_predicts` inputs
-with the root (upstream's 40), when it is at least `len_threshold` tokens long. Otherwise the fallback drafter (Token
-Recycling, methods/recycling.py; or none) proposes, and it learns from every step's forward, the chain ones too.
+with the root (upstream's 40), when it is at least `len_threshold` tokens long. Otherwise the fallback drafter
+proposes its tree: Token Recycling (methods/recycling.py), EAGLE-2 (methods/eagle.py's dynamic tree, upstream's
+SAMD[EAGLE2] of Spec-Bench's table) or none. The fallback sees every step's verification, the chain ones too: Token
+Recycling learns from their logits, and EAGLE-2's head consumes the target's features of every accepted token (the
+prompt's at start, then each step's accepted rows; SamdDrafter declares the fallback's `feature_layers`, so the engine
+hands them over), as upstream's draft model passes each step's accepted tokens and last hidden states to its tree
+model: the head's cache always holds the accepted context, whichever drafter proposed.
 
 As upstream, a dynamic match whose earliest occurrence is too close to the end for a full chain backs off along its
 suffix links to a shorter match with a longer continuation (at most `n_predicts` links).
-Not here yet: upstream's EAGLE-2 fallback (SAMD[EAGLE2] in Spec-Bench's table), and upstream's filling of the
-fallback's matrix from the prompt's prefill logits (the engine keeps only the prefill's last row).
+Not here: upstream's filling of the Token Recycling fallback's matrix from the prompt's prefill logits (the engine
+keeps only the prefill's last row).
 """
 from __future__ import annotations
 
 import copy
 
-from bench.engine.drafter import Drafter
+from bench.engine.drafter import Drafter, start_drafter
 from bench.engine.tree import DraftTree
+from bench.errors import MissingArtifactError
+from methods.eagle import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
+from methods.eagle import EagleDrafter
 from methods.rest_datastore import datastore_path
 from methods.recycling import RecyclingDrafter
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
-FALLBACKS = ("recycling", "none")
+FALLBACKS = ("recycling", "eagle2", "none")
+EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (default model.eagle.checkpoint)"
 
 
 class SamdDrafter(Drafter):
@@ -32,11 +41,13 @@ class SamdDrafter(Drafter):
 
     `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,
     `max_conversations`; a missing one is built on first use when auto_build is true, else refused naming
-    `build_command`. `recycling`: the knobs of the Token Recycling fallback.
+    `build_command`. `recycling`: the knobs of the Token Recycling fallback; `eagle2`: EagleDrafter's (checkpoint,
+    total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
     """
 
     def __init__(self, target=None, tokenizer=None, n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
-                 fallback: str = "recycling", recycling: dict | None = None, corpus: dict | None = None,
+                 fallback: str = "recycling", recycling: dict | None = None, eagle2: dict | None = None,
+                 corpus: dict | None = None,
                  build_command: str = "python -m methods.suffix_automaton model=<model>"):
         if fallback not in FALLBACKS:
             raise ValueError(f"SAM-Decoding: fallback={fallback!r}; set method.drafter.fallback to one of "
@@ -44,19 +55,22 @@ class SamdDrafter(Drafter):
         if n_predicts < 2 or len_threshold < 1:
             raise ValueError(f"SAM-Decoding: bad knobs {n_predicts=} (>= 2), {len_threshold=} (>= 1)")
         self.n_predicts, self.len_threshold, self.len_bias = n_predicts, len_threshold, len_bias
-        self.fallback = RecyclingDrafter(target, tokenizer, **(recycling or {})) if fallback == "recycling" else None
+        self.fallback = build_fallback(fallback, target, tokenizer, recycling or {}, eagle2 or {})
+        self.feature_layers = tuple(getattr(self.fallback, "feature_layers", ()))  # EAGLE-2's: the engine's features
         self.corpus = load_corpus(corpus, tokenizer, build_command) if corpus and corpus.get("enabled") else None
-        if self.corpus is not None:
-            self.artifact = str(datastore_path(corpus["path"]))  # identifies the corpus in run keys
+        artifacts = [str(datastore_path(corpus["path"])) if self.corpus is not None else None,
+                     getattr(self.fallback, "artifact", None)]  # the corpus and the EAGLE head identify run keys
+        self.artifact = "; ".join(a for a in artifacts if a) or None
         self.drafted_from: str | None = None  # last proposal's source: "dynamic", "corpus", "fallback" or None
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], hidden=None) -> None:
+        """A new turn; `hidden` (the prompt's target features) is given when the fallback declares feature_layers."""
         self.automaton = SuffixAutomaton()
         self.match = Match()  # longest suffix of the committed tokens found earlier in them
         self.corpus_match = Match()  # longest suffix of the committed tokens found in the corpus
         if self.fallback is not None:  # a copy per sequence: forks of this drafter (bench/batched.py) share none
             self.fallback = copy.copy(self.fallback)
-            self.fallback.start(prompt_ids)
+            start_drafter(self.fallback, prompt_ids, hidden, None)  # EAGLE-2's tree draws nothing: no seed
 
     def commit(self, tokens: list[int]) -> None:
         """Add tokens to the sequence: match first (against the text before each token), then extend."""
@@ -109,8 +123,31 @@ class SamdDrafter(Drafter):
         return state
 
     def update(self, step) -> None:
-        if self.fallback is not None:
-            self.fallback.update(step)  # it learns from chain steps too, as upstream's does
+        if self.fallback is not None:  # chain steps too, as upstream's: Recycling learns, EAGLE-2's head keeps up
+            self.fallback.update(step)
+
+
+def build_fallback(kind: str, target, tokenizer, recycling: dict, eagle2: dict) -> Drafter | None:
+    """The drafter of the steps without a long enough match (see module doc)."""
+    if kind == "recycling":
+        return RecyclingDrafter(target, tokenizer, **recycling)
+    if kind == "eagle2":
+        return eagle2_fallback(target, tokenizer, eagle2)
+    return None
+
+
+def eagle2_fallback(target, tokenizer, knobs: dict) -> EagleDrafter:
+    """EAGLE-2's drafter over the head `knobs["checkpoint"]` (or a `head` passed in); a missing head is refused in
+    one line naming the setting."""
+    if not knobs.get("checkpoint") and knobs.get("head") is None:
+        raise MissingArtifactError(f"SAM-Decoding's eagle2 fallback needs an EAGLE head and this model has none: "
+                                   f"set {EAGLE2_SETTING} (train one with: {EAGLE_TRAIN_COMMAND}), or use "
+                                   f"method.drafter.fallback=recycling")
+    try:
+        return EagleDrafter(target, tokenizer, **knobs)
+    except MissingArtifactError as err:
+        raise type(err)(f"{err} (SAM-Decoding's eagle2 fallback: {EAGLE2_SETTING}, or use "
+                        f"method.drafter.fallback=recycling)") from err
 
 
 def load_corpus(settings: dict, tokenizer, build_command: str) -> FrozenAutomaton:

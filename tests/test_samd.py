@@ -1,5 +1,6 @@
 """SAM-Decoding (methods/samd.py) and its suffix automata (methods/suffix_automaton.py): matches against brute force,
-linear size, the frozen corpus automaton, and lossless decoding (greedy, sampled, batched) with accepted drafts."""
+linear size, the frozen corpus automaton, and lossless decoding (greedy, sampled, batched) with accepted drafts, with
+the Token Recycling and the EAGLE-2 fallbacks."""
 from __future__ import annotations
 
 import random
@@ -9,13 +10,17 @@ import torch
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
+from methods.eagle import EagleDrafter
 from methods.recycling import RecyclingDrafter
 from methods.samd import SamdDrafter
 from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
 from tests.conftest import make_tiny_model, vanilla_tokens
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
 from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
+from tests.test_eagle import random_head
 from tests.test_sampling_methods import CONFIGS, PROMPT, joint_test, target  # noqa: F401 (a fixture)
+
+EAGLE2_TREE = {"total_token": 10, "depth": 4, "top_k": 3}  # a small EAGLE-2 tree for the tiny models
 
 
 def occurs_ending_at(text: list[int], pattern: list[int], before: int) -> list[int]:
@@ -90,7 +95,7 @@ def test_missing_corpus_is_refused_naming_the_build_command(tmp_path):
 
 
 def test_bad_fallback_is_refused():
-    with pytest.raises(ValueError, match="method.drafter.fallback to one of recycling, none"):
+    with pytest.raises(ValueError, match="method.drafter.fallback to one of recycling, eagle2, none"):
         SamdDrafter(fallback="eagle3")
 
 
@@ -155,6 +160,7 @@ def test_config_builds_the_upstream_drafter(tiny_model):
     drafter = drafter_from_config("samd", tiny_model, None)
     assert isinstance(drafter, SamdDrafter) and isinstance(drafter.fallback, RecyclingDrafter)
     assert (drafter.n_predicts, drafter.len_threshold, drafter.len_bias, drafter.corpus) == (40, 5, 5, None)
+    assert drafter.feature_layers == ()  # Token Recycling needs no target features: the engine computes none
 
 
 def test_batched_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
@@ -177,3 +183,81 @@ def test_smollm2_summarization_equals_vanilla():
     mean_accepted = assert_lossless_on_smollm2("samd")
     print(f"samd on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
     assert mean_accepted > 1.0
+
+
+# --- the EAGLE-2 fallback ------------------------------------------------------------------------------------------
+
+def eagle2_samd(model, seed: int = 3, **knobs) -> SamdDrafter:
+    """SAM-Decoding with the EAGLE-2 fallback over a random head for `model`."""
+    return SamdDrafter(model, fallback="eagle2", eagle2={"head": random_head(model, seed), **EAGLE2_TREE}, **knobs)
+
+
+def target_features(model, tokens: list[int]) -> torch.Tensor:
+    """[len, H] the target's last hidden states (after the final norm: EagleDrafter's feature_layers) of `tokens`."""
+    with torch.inference_mode():
+        return model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]
+
+
+def test_eagle2_fallback_asks_for_the_targets_features(tiny_model):
+    drafter = eagle2_samd(tiny_model)
+    assert isinstance(drafter.fallback, EagleDrafter) and drafter.feature_layers == EagleDrafter.feature_layers
+    assert (drafter.fallback.total_token, drafter.fallback.depth, drafter.fallback.top_k) == (10, 4, 3)
+
+
+def test_eagle2_fallback_head_follows_the_chain_steps(target, monkeypatch):  # noqa: F811
+    """Steps the automaton drafted still feed the head their accepted tokens' features: every fallback tree, on a
+    run where accepted chains and accepted trees interleave, equals the tree of a fresh EAGLE-2 drafter given the
+    whole context's features at once."""
+    proposed = []  # (context, tree) of each fallback step
+    propose = EagleDrafter.propose
+    monkeypatch.setattr(EagleDrafter, "propose", lambda self, context, max_tokens: proposed.append(
+        (list(context), propose(self, context, max_tokens))) or proposed[-1][1])
+    tree = {"total_token": 8, "depth": 3, "top_k": 2}
+    drafter = SamdDrafter(target, len_threshold=3, fallback="eagle2", eagle2={"head": random_head(target, 1), **tree})
+    out = assert_lossless(target, drafter, PROMPT, 60)
+    steps = list(zip(out.accept_lengths[1:], out.tree_steps))
+    assert any(n > 1 and not is_tree for n, is_tree in steps) and any(n > 1 and is_tree for n, is_tree in steps)
+    assert sum(is_tree for _, is_tree in steps) == len(proposed) >= 10
+    for context, drafted in proposed:
+        fresh = EagleDrafter(target, head=drafter.fallback.head, **tree)
+        fresh.start(context[:-1], hidden=target_features(target, context[:-1]))
+        expected = propose(fresh, context, 60)  # the original: the patched one records
+        assert (drafted.tokens, drafted.parents) == (expected.tokens, expected.parents)
+
+
+def test_greedy_is_lossless_with_the_eagle2_fallback(tiny_model, prompts, one_thread):
+    for prompt in prompts + [prompts[1] * 3]:
+        out = assert_lossless(tiny_model, eagle2_samd(tiny_model, len_threshold=3), prompt, 40)
+        assert any(out.tree_steps)  # EAGLE-2's trees were verified
+    mistral = make_tiny_model(arch="mistral")
+    prompt, continuation = repeating_case(mistral)
+    out = assert_lossless(mistral, eagle2_samd(mistral), prompt, 60)
+    assert out.tokens[:40] == continuation and any(out.tree_steps) and not all(out.tree_steps)  # chains and trees
+
+
+def test_eagle2_fallback_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
+    """Batched rows (bench/batched.py forks the drafter per row) each keep their own head cache."""
+    prompts = batch_prompts[:3] + [batch_prompts[1] * 3]
+    out = assert_batch_equals_batch_one(tiny_model, lambda: eagle2_samd(tiny_model, len_threshold=3), prompts, 30)
+    assert any(n > 1 for turn in out.turns for n in turn.verified_tokens)
+
+
+def test_eagle2_fallback_settings_follow_model_eagle():
+    """conf/method/samd.yaml's eagle2 knobs are method=eagle2's (model.eagle); a model without an EAGLE head gets
+    none and upstream's 60/5/10 tree."""
+    smollm2 = compose_method("samd").method.drafter.eagle2
+    eagle2 = compose_method("eagle2").method.drafter
+    assert [smollm2[k] for k in ("checkpoint", "total_token", "depth", "top_k")] == [
+        eagle2[k] for k in ("checkpoint", "total_token", "depth", "top_k")]
+    llama = compose_method("samd", "model=llama31_8b").method.drafter.eagle2
+    assert (llama.checkpoint, llama.total_token, llama.depth, llama.top_k) == (None, 60, 5, 10)
+
+
+@pytest.mark.parametrize("checkpoint, message", [
+    ("null", r"eagle2 fallback needs an EAGLE head .* set method\.drafter\.eagle2\.checkpoint"),
+    ("{tmp}/no_head", r"eagle checkpoint not found at .*no_head.*method\.drafter\.eagle2\.checkpoint")])
+def test_missing_eagle_head_is_refused_naming_the_setting(tiny_model, tmp_path, checkpoint, message):
+    with pytest.raises(MissingArtifactError, match=message) as refused:
+        drafter_from_config("samd", tiny_model, None, "method.drafter.fallback=eagle2",
+                            f"method.drafter.eagle2.checkpoint={checkpoint.format(tmp=tmp_path)}")
+    assert "\n" not in str(refused.value)

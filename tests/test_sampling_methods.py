@@ -107,6 +107,9 @@ def make_drafter(name: str, model, cfg: SamplingConfig, tmp_path):
     if method == "recycling":
         return RecyclingDrafter(model)
     if method == "samd":  # a short threshold, so that the prompt's repeats give chains as well as fallback trees
+        if shape == "eagle2":  # the EAGLE-2 fallback at SmolLM2's shipped tree (conf/model/smollm2_135m.yaml)
+            return SamdDrafter(model, len_threshold=2, fallback="eagle2",
+                               eagle2={"head": head, "total_token": 6, "depth": 2, "top_k": 2})
         return SamdDrafter(model, len_threshold=2)
     raise ValueError(name)
 
@@ -156,7 +159,7 @@ def resample_from_p(logits, tree, cfg, generator) -> Acceptance:
 
 SHIPPED = ["vanilla", "sps", "medusa:8", "medusa:full", "hydra:16", "hydra:full", "eagle:smollm2", "eagle:vicuna",
            "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "eagle3:8/3/2", "eagle3:60/7/10", "pld",
-           "lookahead", "rest", "recycling", "samd"]
+           "lookahead", "rest", "recycling", "samd", "samd:eagle2"]
 
 
 SAMPLING_DRAFTERS = ["vanilla", "sps", "medusa:8", "eagle:smollm2", "eagle2:8/3/2", "eagle2:60/5/10"]
