@@ -258,8 +258,13 @@ def test_concurrency_puts_requests_in_flight_together(compose, tokenizer, tmp_pa
         summary = run(compose(*server_args("llamacpp_ngram", spec, serve(stack, tokenizer)), "server.concurrency=3",
                               "task=qa", "task.limit=3", "warmup_tokens=0"))
     assert engine.max_in_flight == 3 and len(engine.bodies) == 3
-    groups = {a["choices"][0]["group"]["id"] for a in read_jsonl(tmp_path / "run" / "answers.jsonl")}
+    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
+    groups = {a["choices"][0]["group"]["id"] for a in answers}
     assert len(groups) == 1 and summary.concurrency.tolist() == [3, 3]
+    group_wall = answers[0]["choices"][0]["group"]["wall_s"]  # shared by token count, as batched rows of our engine
+    assert sum(a["choices"][0]["wall_time"][0] for a in answers) == pytest.approx(group_wall)
+    assert all(a["choices"][0]["wall_time"][0] == pytest.approx(group_wall / 3) for a in answers)  # 12 tokens each
+    assert all(a["choices"][0]["latency"][0] <= group_wall for a in answers)
 
 
 def test_parse_counters_reads_vllm_exposition():

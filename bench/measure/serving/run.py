@@ -156,6 +156,8 @@ class ServerRun:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             results = list(pool.map(side.answer, group, seeds))
         wall = time.perf_counter() - started
+        if len(group) > 1:
+            share_group_time(results, wall)
         return results, {"id": uuid.uuid4().hex, "wall_s": wall, "concurrency": self.concurrency, "size": len(group)}
 
     def decode(self, todo: list[dict]) -> None:
@@ -232,6 +234,17 @@ class ServerRun:
                                                           summary.speedup_ci_high)]
         print(shown.rename(columns={"speedup": "speedup (95% CI)"}).to_string(index=False,
                                                                              float_format=lambda x: f"{x:.3f}"))
+
+
+def share_group_time(results: list[list[dict]], wall: float) -> None:
+    """Requests answered together: each turn's wall_time becomes its share of the group's wall time (its tokens over
+    the group's), as batched rows of our engine get theirs, so a question's tokens/s is the group's throughput;
+    `latency` keeps the request's own end-to-end seconds."""
+    total = sum(len(turn["token_ids"]) for turns in results for turn in turns) or 1
+    for turns in results:
+        for turn in turns:
+            turn["wall_time"] = wall * len(turn["token_ids"]) / total
+            turn["wall_times"] = [turn["wall_time"]]
 
 
 def server_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict], group: dict) -> dict:
