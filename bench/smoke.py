@@ -8,7 +8,8 @@ other error fails the smoke. Then writes the report (<out>/report) and checks it
 committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Last, one bfloat16 run (BFLOAT16_CHECK: EAGLE-2 on 3 MT-bench questions, 64 tokens, model=smollm2_135m_bf16; not in
 the report or the baseline): every question that leaves vanilla's output must do so at a numeric tie proven by the
-float32 re-check, else the smoke fails. On a CPU without bfloat16 instructions it runs anyway (+model.allow_slow_bfloat16=true): it checks exactness, not speed.
+float32 re-check, else the smoke fails. On a CPU without bfloat16 instructions it runs anyway
+(+model.allow_slow_bfloat16=true): it checks exactness, not speed.
 Exit status: 0 passed, 1 a method failed or regressed, 2 nothing to compare (no baseline yet, say).
 """
 from __future__ import annotations

@@ -21,8 +21,8 @@ from bench.report.plots import (PLOT_PREFIXES, plot_accept_by_position, plot_acc
                                 plot_speedup_vs_mat)
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
 from bench.report.tables import (POSITION_COLUMNS, accept_lengths_by_method, acceptance_table, backend_comparisons,
-                                 backend_table, batch_sweep_table, batch_sweeps, board_of, cost_table, formatted, markdown, profiles_of, setting_facts,
-                                 table_warnings, wide_table)
+                                 backend_table, batch_sweep_table, batch_sweeps, board_of, cost_table, formatted,
+                                 markdown, profiles_of, setting_facts, table_warnings, wide_table)
 
 
 def slug(board: pd.DataFrame, taken: set[str]) -> str:

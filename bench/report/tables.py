@@ -74,7 +74,8 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     """leaderboard() of runs already reduced by select_latest, with their method_labels."""
     columns = ["setting", *SETTING_COLUMNS, "method", "task", "n_questions", "new_tokens", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
-               "exact_match", "numeric_ties", "exact_match_or_tie", "exact_until_divergence", "diverged_questions", "cpu_share", "starved",
+               "exact_match", "numeric_ties", "exact_match_or_tie", "exact_until_divergence", "diverged_questions",
+               "cpu_share", "starved",
                *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
                "runs"]
     if latest.empty:

@@ -59,8 +59,9 @@ class RequestSpec:
 def event_tokens(event: dict, sent: tuple[str, list[int]] = ("", [])) -> tuple[str, list[int] | None]:
     """(text, token ids or None) that one streamed event adds, for any endpoint kind: SGLang's `text` and
     `output_ids` (the whole output so far, so `sent` is cut off, unless the server streams increments, seen as
-    `output_ids` shorter than meta_info's completion_tokens); llama.cpp's `content` and `tokens`; OpenAI's choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs
-    tokens written `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
+    `output_ids` shorter than meta_info's completion_tokens); llama.cpp's `content` and `tokens`; OpenAI's
+    choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs tokens written
+    `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
     if "output_ids" in event:  # SGLang's /generate
         ids, text = [int(t) for t in event["output_ids"]], event.get("text") or ""
         if len(ids) == (event.get("meta_info") or {}).get("completion_tokens", len(ids)) and len(ids) >= len(sent[1]):
