@@ -185,6 +185,14 @@ def test_smollm2_summarization_equals_vanilla():
     assert mean_accepted > 1.0
 
 
+@pytest.mark.real_model
+def test_smollm2_with_the_eagle2_fallback_equals_vanilla():
+    """The committed EAGLE head as the fallback (SAMD[EAGLE2]), built from the config as the runner builds it."""
+    mean_accepted = assert_lossless_on_smollm2("samd", "method.drafter.fallback=eagle2")
+    print(f"samd[eagle2] on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
+    assert mean_accepted > 1.0
+
+
 # --- the EAGLE-2 fallback ------------------------------------------------------------------------------------------
 
 def eagle2_samd(model, seed: int = 3, **knobs) -> SamdDrafter:
