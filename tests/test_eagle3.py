@@ -15,7 +15,7 @@ from bench.engine.loop import StopCondition, target_forward
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from methods.eagle3 import Eagle3Drafter, Eagle3Head, eagle3_feature_layers, layer_config, load_eagle3
 from tests.conftest import VOCAB, tiny_config, vanilla_tokens
-from tests.method_checks import assert_lossless, drafter_from_config
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 
 DRAFT_VOCAB = 40
 
@@ -283,3 +283,10 @@ def test_checkpoint_folder_without_config_is_missing(tiny_model, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(MissingArtifactError, match="has no config.json"):
         load_eagle3(tmp_path / "empty", tiny_model)
+
+
+@pytest.mark.real_model
+def test_committed_eagle3_head_is_lossless_on_smollm2():
+    """The committed SmolLM2 head (artifacts/eagle3/smollm2_135m) through the config's CPU tree equals vanilla."""
+    mean_accepted = assert_lossless_on_smollm2("eagle3", category="writing", count=2)
+    assert mean_accepted > 1.3
