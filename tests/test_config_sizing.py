@@ -119,6 +119,6 @@ def test_a_batched_run_under_an_old_spelling_is_planned_and_labelled_auto(compos
     assert "warning: method.batch_policy=adaptive is deprecated: use method.sizing=auto" in capsys.readouterr().err
     answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert {a["method"] for a in answers} == {"pld+auto"} and all(a["exact_match"] for a in answers)
-    assert list((tmp_path / "profiles").glob("tiny-*b2.json"))  # the planner's profile at batch 2, made for it
+    assert list((tmp_path / "profiles").glob("tiny-*b2-*.json"))  # the planner's profile at batch 2, made for it
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["config"]["method"]["sizing"] == "auto" and meta["config"]["method"]["batch_policy"] is None

@@ -13,7 +13,7 @@ import torch
 from bench.planning.policy import PlannedDrafter
 from bench.engine.tree import first_nodes
 from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
-                                      profile_path, turn_contexts)
+                                      device_slug, profile_path, turn_contexts)
 from bench.planning.profile import measure_forward_times
 from bench.records import PHASES
 from bench.engine.loop import SpeculativeEngine, StopCondition
@@ -42,7 +42,10 @@ def linear_profile(base: float = BASE, per_token: float = PER_TOKEN) -> Profile:
 def test_profile_round_trips_and_is_refused_for_another_setting(tmp_path):
     profile = linear_profile()
     path = profile_path(tmp_path, SETTING)
-    assert path.name == "tiny-cpu2t-float64.json"
+    assert path.name == "tiny-cpu2t-float64-test-cpu.json"
+    gpu = {**SETTING, "device": "cuda", "threads": None, "device_name": "NVIDIA H200", "batch": 4}
+    assert profile_path(tmp_path, gpu).name == "tiny-cuda-float64-b4-nvidia-h200.json"
+    assert device_slug("Intel(R) Xeon(R) Processor") == "intel-xeon-processor"
     profile.save(path)
     assert Profile.load(path, SETTING, "make it") == profile
     with pytest.raises(ProfileError, match=r"another setting \(threads differ\).*make it profile.force=true"):

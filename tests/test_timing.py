@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench.engine.batched import BatchedEngine
-from bench.planning.costmodel import Profile
+from bench.planning.costmodel import Profile, profile_path
 from bench.planning.profile import measure_forward_times, tree_step_inputs
 from bench.records import PHASES
 from bench.engine.timing import PhaseTimer
@@ -143,12 +143,15 @@ def test_tree_points_take_a_tree_mask_of_the_step_shape(tiny_model, windowed_mod
     assert set(seconds) == {"chain", "tree"} and all(s > 0 for table in seconds.values() for s in table[0])
 
 
-def test_profiles_without_tree_points_still_load_and_serve_both_kinds():
-    paths = sorted((PROJECT_ROOT / "results" / "profiles").glob("*.json"))
+def test_committed_profiles_sit_at_their_own_path_and_old_ones_serve_both_kinds():
+    folder = PROJECT_ROOT / "results" / "profiles"
+    paths = sorted(folder.glob("*.json"))
     assert paths
     for path in paths:
         data = json.loads(path.read_text())
+        assert profile_path(folder, data["setting"]) == path  # where a run on that machine looks for it
         profile = Profile.load(path, data["setting"], "make it")
-        assert profile.forward_seconds(5, 300, tree=True) == profile.forward_seconds(5, 300)
+        if data.get("tree_seconds") is None:
+            assert profile.forward_seconds(5, 300, tree=True) == profile.forward_seconds(5, 300)
     profile = Profile({}, [1, 4], [16], [[1.0, 4.0]], tree_seconds=[[1.5, 4.5]])
     assert profile.forward_seconds(2, 16) == 2.0 and profile.forward_seconds(2, 16, tree=True) == 2.5

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +31,19 @@ class ProfileError(Exception):
     """No profile for this setting, or one made for another setting."""
 
 
+def device_slug(device_name: str) -> str:
+    """A device name as a file-name part: `Intel(R) Xeon(R) Processor` -> `intel-xeon-processor`."""
+    name = re.sub(r"\((r|tm)\)", "", device_name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown"
+
+
 def profile_path(directory: str | Path, setting: dict) -> Path:
+    """`<model>-<device><threads>t-<dtype>[-b<batch>]-<device name>.json`: profiles of different CPUs or GPUs live
+    side by side (a clone runs on whichever machine it lands on)."""
     device = setting["device"] if setting["threads"] is None else f"{setting['device']}{setting['threads']}t"
     batch = f"-b{setting['batch']}" if setting.get("batch", 1) > 1 else ""
-    return Path(directory).expanduser() / f"{setting['model']}-{device}-{setting['dtype']}{batch}.json"
+    name = f"{setting['model']}-{device}-{setting['dtype']}{batch}-{device_slug(setting['device_name'])}.json"
+    return Path(directory).expanduser() / name
 
 
 @dataclass
