@@ -9,12 +9,13 @@ import statistics
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from bench.planning.policy import PlannedDrafter
 from bench.engine.tree import first_nodes
 from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
                                       device_slug, profile_path, turn_contexts)
-from bench.planning.profile import measure_forward_times
+from bench.planning.profile import measure_forward_times, profile_command, profile_setting
 from bench.records import PHASES
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.records import read_jsonl
@@ -46,12 +47,29 @@ def test_profile_round_trips_and_is_refused_for_another_setting(tmp_path):
     gpu = {**SETTING, "device": "cuda", "threads": None, "device_name": "NVIDIA H200", "batch": 4}
     assert profile_path(tmp_path, gpu).name == "tiny-cuda-float64-b4-nvidia-h200.json"
     assert device_slug("Intel(R) Xeon(R) Processor") == "intel-xeon-processor"
+    cbwr = {**SETTING, "blas": {"MKL_CBWR": "AVX2"}}
+    assert profile_path(tmp_path, cbwr).name == "tiny-cpu2t-float64-test-cpu-mkl_cbwr_avx2.json"
     profile.save(path)
     assert Profile.load(path, SETTING, "make it") == profile
     with pytest.raises(ProfileError, match=r"another setting \(threads differ\).*make it profile.force=true"):
         Profile.load(path, {**SETTING, "threads": 1}, "make it")
     with pytest.raises(ProfileError, match="no forward-time profile.*make it"):
         Profile.load(tmp_path / "none.json", SETTING, "make it")
+
+
+def test_blas_code_path_variables_key_the_profile_and_its_command(monkeypatch):
+    """MKL_CBWR changes MKL's code path (and forward times) on AMD CPUs: a run under it needs its own profile."""
+    model_cfg = OmegaConf.create({"name": "tiny", "path": "x", "dtype": "float32"})
+    cpu = torch.device("cpu")
+    for name in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    plain = profile_setting(model_cfg, cpu, threads=2)
+    assert "blas" not in plain
+    assert profile_command("tiny", cpu, 2) == "OMP_NUM_THREADS=2 python -m bench.profile model=tiny device=cpu"
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    cbwr = profile_setting(model_cfg, cpu, threads=2)
+    assert cbwr == {**plain, "blas": {"MKL_CBWR": "AVX2"}}
+    assert profile_command("tiny", cpu, 2).startswith("MKL_CBWR=AVX2 OMP_NUM_THREADS=2 python -m bench.profile")
 
 
 def test_profile_interpolates_between_measured_points():

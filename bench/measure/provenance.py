@@ -19,7 +19,7 @@ from bench.artifacts import PROJECT_ROOT
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
 from bench.models import cpu_bfloat16_support
-from bench.planning.profile import device_name
+from bench.planning.profile import blas_environment, device_name
 from bench.records import config_key
 
 
@@ -56,6 +56,7 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
         "device": str(device),
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
+        "blas_environment": blas_environment() if device.type == "cpu" else {},  # MKL code-path variables set
         "dtype": cfg.model.dtype,
         "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),

@@ -10,6 +10,7 @@ quiet machine: a profile taken under load mispredicts every run.
 """
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -117,10 +118,23 @@ def device_name(device: torch.device) -> str:
     return name
 
 
+# MKL settings that pick its CPU code path. On AMD CPUs MKL's default path makes a [M, k] x [k, n] product with
+# 2 <= M <= 16 (a verification forward of a few tokens) about 1.7-2x as slow as M = 1; MKL_CBWR=AVX2 removes most of
+# that (docs/cost-model.md).
+BLAS_ENVIRONMENT = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
+
+
+def blas_environment() -> dict:
+    """The BLAS_ENVIRONMENT variables that are set (they change forward times, so profiles and runs record them)."""
+    return {name: os.environ[name] for name in BLAS_ENVIRONMENT if os.environ.get(name)}
+
+
 def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
     """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
-    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before)."""
-    return {**({"batch": batch} if batch > 1 else {}),
+    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before);
+    `blas`: the BLAS code-path variables when any is set (none set keeps no key)."""
+    blas = blas_environment() if device.type == "cpu" else {}
+    return {**({"batch": batch} if batch > 1 else {}), **({"blas": blas} if blas else {}),
             "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
             "device": device.type, "device_name": device_name(device),
@@ -134,6 +148,8 @@ def profile_command(model_name: str, device: torch.device, threads: int | None, 
         parts.append(f"gen.batch_size={batch}")
     if device.type != "cuda" and threads:
         parts.insert(0, f"OMP_NUM_THREADS={threads}")
+    if device.type == "cpu":
+        parts[:0] = [f"{name}={value}" for name, value in blas_environment().items()]
     return " ".join(parts)
 
 
