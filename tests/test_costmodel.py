@@ -15,7 +15,7 @@ from bench.planning.policy import PlannedDrafter
 from bench.engine.tree import first_nodes
 from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
                                       device_slug, profile_path, turn_contexts)
-from bench.planning.profile import measure_forward_times, profile_command, profile_setting
+from bench.planning.profile import BLAS_ENVIRONMENT, measure_forward_times, profile_command, profile_setting
 from bench.records import PHASES
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.records import read_jsonl
@@ -61,7 +61,7 @@ def test_blas_code_path_variables_key_the_profile_and_its_command(monkeypatch):
     """MKL_CBWR changes MKL's code path (and forward times) on AMD CPUs: a run under it needs its own profile."""
     model_cfg = OmegaConf.create({"name": "tiny", "path": "x", "dtype": "float32"})
     cpu = torch.device("cpu")
-    for name in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE"):
+    for name in BLAS_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     plain = profile_setting(model_cfg, cpu, threads=2)
     assert "blas" not in plain

@@ -56,7 +56,7 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
         "device": str(device),
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
-        "blas_environment": blas_environment() if device.type == "cpu" else {},  # MKL code-path variables set
+        "blas_environment": blas_environment(device),  # MKL code-path variables set (CPU)
         "dtype": cfg.model.dtype,
         "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),

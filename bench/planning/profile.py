@@ -124,8 +124,11 @@ def device_name(device: torch.device) -> str:
 BLAS_ENVIRONMENT = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
 
 
-def blas_environment() -> dict:
-    """The BLAS_ENVIRONMENT variables that are set (they change forward times, so profiles and runs record them)."""
+def blas_environment(device: torch.device) -> dict:
+    """The BLAS_ENVIRONMENT variables that are set, on a CPU (they change its forward times, so profiles and runs
+    record them); {} on a GPU."""
+    if device.type != "cpu":
+        return {}
     return {name: os.environ[name] for name in BLAS_ENVIRONMENT if os.environ.get(name)}
 
 
@@ -133,7 +136,7 @@ def profile_setting(model_cfg, device: torch.device, threads: int | None = None,
     """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
     forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before);
     `blas`: the BLAS code-path variables when any is set (none set keeps no key)."""
-    blas = blas_environment() if device.type == "cpu" else {}
+    blas = blas_environment(device)
     return {**({"batch": batch} if batch > 1 else {}), **({"blas": blas} if blas else {}),
             "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
@@ -148,8 +151,7 @@ def profile_command(model_name: str, device: torch.device, threads: int | None, 
         parts.append(f"gen.batch_size={batch}")
     if device.type != "cuda" and threads:
         parts.insert(0, f"OMP_NUM_THREADS={threads}")
-    if device.type == "cpu":
-        parts[:0] = [f"{name}={value}" for name, value in blas_environment().items()]
+    parts[:0] = [f"{name}={value}" for name, value in blas_environment(device).items()]
     return " ".join(parts)
 
 
