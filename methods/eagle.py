@@ -92,7 +92,9 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
     Step k at t reads (token t+k+1, the head's own step k-1 output at t, its guess of f_{t+k}) at rotary position
     t+k and predicts f_{t+k+1}, attending to the real features 0..t and its own steps 1..k at t (`unrolled_mask`):
     exactly what drafting k+1 tokens beyond an accepted position t computes, the draft's tokens taken as the
-    corpus's. In eval mode max(ttt_steps, eval_depths) steps are unrolled, for the held-out agreement per depth."""
+    corpus's. In eval mode max(ttt_steps, eval_depths) steps are unrolled, for the held-out agreement per depth.
+    A batch with soft targets (Features.soft_ids) has its cross-entropy taken against the target's distribution
+    (`soft_cross_entropy`) instead of its argmax."""
     features, outputs = batch.hidden[:, :-1], []  # f_t, for token t+1
     if head.training and noise:
         features = features + (torch.rand_like(features) - 0.5) * noise
@@ -111,25 +113,45 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
         targets = vocab.slice_positions(ahead(batch.labels, step + 1, length)[keep])  # the target's next token
         logits = vocab(predicted[keep])
         if step < ttt_steps and keep.any():
+            soft = None if batch.soft_ids is None else (
+                vocab.slice_positions(ahead(batch.soft_ids, step + 1, length)[keep]),
+                ahead(batch.soft_logprobs, step + 1, length)[keep])
             loss = loss + ttt_decay ** step * step_loss(predicted[keep], ahead(batch.hidden, step + 1, length)[keep],
-                                                        logits, targets, feature_weight, token_weight, loss.dtype)
+                                                        logits, targets, feature_weight, token_weight, loss.dtype, soft)
         outputs.append((logits.detach(), targets))
         features = predicted
     return loss, outputs
 
 
 def step_loss(predicted: torch.Tensor, wanted: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-              feature_weight: float, token_weight: float, dtype: torch.dtype) -> torch.Tensor:
+              feature_weight: float, token_weight: float, dtype: torch.dtype,
+              soft: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One unrolled step's loss: feature_weight x SmoothL1(predicted, wanted feature) + token_weight x cross-entropy
-    of the logits against the target slice positions (-100: ignored). A zero weight drops its term (EAGLE-3 has no
+    of the logits against the target slice positions (-100: ignored), or against `soft` (the target's top-k as
+    slice positions and log-probabilities: `soft_cross_entropy`). A zero weight drops its term (EAGLE-3 has no
     feature loss, and its features are wider than the head's outputs); so does a step whose targets all lie outside
     the draft vocabulary (cross-entropy over no positions is NaN)."""
     loss = predicted.new_zeros((), dtype=dtype)
     if feature_weight:
         loss = loss + feature_weight * nn.functional.smooth_l1_loss(predicted.to(dtype), wanted.to(dtype))
     if token_weight and bool((targets != -100).any()):
-        loss = loss + token_weight * nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100)
+        token_loss = (nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100) if soft is None
+                      else soft_cross_entropy(logits, targets, *soft))
+        loss = loss + token_weight * token_loss
     return loss
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, soft_positions: torch.Tensor,
+                       soft_logprobs: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows whose target argmax lies in the draft vocabulary (targets != -100) of -sum_j p_j log q_j:
+    q the draft's softmax over its vocabulary (logits [N, V']), p the target's distribution over the draft
+    vocabulary (SafeAILab's EAGLE-3 loss), known here from the target's top-k (soft_positions [N, k], their slice
+    positions, -100 outside the slice; soft_logprobs [N, k]) and renormalised over those inside the slice."""
+    valid = targets != -100
+    positions, inside = soft_positions[valid], soft_positions[valid] != -100
+    weights = soft_logprobs[valid].float().masked_fill(~inside, float("-inf")).softmax(-1)
+    logq = logits[valid].float().log_softmax(-1).gather(-1, positions.clamp(min=0))
+    return -(weights * logq).masked_fill(~inside, 0.0).sum(-1).mean()
 
 
 class EagleRecipe:

@@ -290,15 +290,17 @@ def upstream_config(config, vocab_size: int, draft_vocab_size: int) -> dict:
 class Eagle3Recipe(EagleRecipe):
     """Training recipe of an EAGLE-3 head, after SafeAILab's eagle/traineagle3: the target's three fused layers in
     (`feature_layers`: the cache stores them), the head unrolled on its own outputs for `ttt_steps` steps (EAGLE's
-    training-time test, `eagle_loss`), loss sum_k ttt_decay^k x cross-entropy against the target's argmax over the
-    draft vocabulary (positions whose argmax lies outside it are skipped, as upstream's mask does); no feature
-    regression and no input noise. The draft vocabulary (d2t / t2d) is the training set's most frequent target
+    training-time test, `eagle_loss`), loss sum_k ttt_decay^k x cross-entropy against the target's distribution over
+    the draft vocabulary (upstream's soft target, from the target's top `soft_top_k` tokens the cache stores; 0: its
+    argmax), positions whose argmax lies outside it skipped, as upstream's mask does; no feature regression and no
+    input noise. The draft vocabulary (d2t / t2d) is the training set's most frequent target
     predictions. Written in SafeAILab's layout (config.json with draft_vocab_size, weights with d2t / t2d)."""
 
     method = "eagle3"
 
-    def __init__(self, ttt_steps: int = 7, ttt_decay: float = 0.8):
+    def __init__(self, ttt_steps: int = 7, ttt_decay: float = 0.8, soft_top_k: int = 0):
         super().__init__(noise=0.0, feature_weight=0.0, token_weight=1.0, ttt_steps=ttt_steps, ttt_decay=ttt_decay)
+        self.soft_top_k = soft_top_k
 
     def feature_layers(self, target) -> list[int]:
         return list(eagle3_feature_layers(target.config.num_hidden_layers))

