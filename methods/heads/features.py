@@ -158,6 +158,7 @@ def soft_targets(logits: torch.Tensor, top_k: int) -> dict:
 
 
 def save_atomically(tensors: dict, path: Path) -> None:
+    """torch.save to `path` through `<path>.partial`, so a reader never sees a half-written file."""
     partial = path.with_suffix(".partial")
     torch.save(tensors, partial)
     partial.replace(path)

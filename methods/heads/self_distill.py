@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from bench.corpora import sharegpt_conversations
 from bench.errors import ConfigError
 from bench.models import eos_token_ids
+from methods.heads.features import save_atomically
 
 
 def answer_settings(cfg: DictConfig) -> dict:
@@ -101,9 +102,7 @@ def generate_answers(target, tokenizer, cfg: DictConfig) -> Path:
             raise ConfigError(f"ShareGPT ran out of first turns of at most {scfg.max_prompt_tokens} tokens after "
                               f"{shard * shard_size + len(batch)}; lower features.self_distill.num_prompts")
         answers = answer_shard(target, batch, scfg, eos, pad_id, bar)
-        partial = folder / f"answers-{shard:05d}.partial"
-        torch.save({"prompts": batch, "answers": answers}, partial)
-        partial.replace(folder / f"answers-{shard:05d}.pt")
+        save_atomically({"prompts": batch, "answers": answers}, folder / f"answers-{shard:05d}.pt")
     bar.close()
     return folder
 

@@ -44,7 +44,8 @@ from bench.errors import ConfigError, MissingArtifactError
 from bench.models import BFLOAT16_CPU_FLAGS, bfloat16_flags, cpu_bfloat16_support, load_model
 from methods.heads.common import (DraftVocabulary, load_strictly, most_frequent_tokens, read_heads, read_json,
                                   save_heads)
-from methods.heads.features import (Features, build_feature_cache, cache_folder, data_record, load_features)
+from methods.heads.features import (Features, build_feature_cache, cache_folder, data_record, load_features,
+                                    save_atomically)
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
 TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
@@ -293,18 +294,14 @@ def save_train_state(out_dir: Path, module: nn.Module, optimizer) -> None:
     """The float32 weights and AdamW state beside the artifact, for the next stint (`train.resume=true`)."""
     path = out_dir / TRAIN_STATE
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
-    partial.replace(path)
+    save_atomically({"module": module.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
 
 def crash_checkpoint_writer(path: Path, state: dict, module: nn.Module, optimizer):
     """A function that writes the stint's crash-resume file (state, weights, optimizer) atomically."""
     def save() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        torch.save({**state, "module": module.state_dict(), "optimizer": optimizer.state_dict()}, partial)
-        partial.replace(path)
+        save_atomically({**state, "module": module.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
     return save
 
