@@ -5,6 +5,7 @@
   draft's distribution is simply zero outside the slice.
 - `ResBlock`: Medusa's residual block, x + SiLU(Linear(x)), zero-initialised so an untrained block is the identity.
 - `save_heads` / `read_heads`: a checkpoint folder (config.json, fp16 model.safetensors, card.json).
+- `save_atomically`: torch.save through a `.partial` file, so an interrupted write never leaves a half file.
 - `read_json`, `read_tensors`, `load_strictly`: what every loader reads checkpoints with. A file that cannot be
   parsed (truncated, corrupt) and weights whose keys or shapes do not fit the module are refused in one line naming
   the file and the fix (`bench.errors.InvalidArtifactError`, exit status 2 from `python -m bench`).
@@ -150,6 +151,13 @@ def read_heads(folder: Path, method: str, train_command: str) -> tuple[dict, dic
         raise MissingArtifactError(f"{folder} holds no {method} checkpoint of this project (config.json says "
                                    f"{config.get('specbench_method')!r}); make one with: {train_command}")
     return config, read_tensors(folder / "model.safetensors", fix)
+
+
+def save_atomically(tensors: dict, path: Path) -> None:
+    """torch.save to `path` through `<path>.partial`, so a reader never sees a half-written file."""
+    partial = path.with_suffix(".partial")
+    torch.save(tensors, partial)
+    partial.replace(path)
 
 
 def read_json(path: Path, fix: str) -> dict:

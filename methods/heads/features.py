@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 
 from bench.corpora import sharegpt_conversations
 from bench.errors import ConfigError
+from methods.heads.common import save_atomically
 
 
 def render_with_assistant_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
@@ -155,13 +156,6 @@ def soft_targets(logits: torch.Tensor, top_k: int) -> dict:
     """The target's top_k next tokens per position and their log-probabilities (over its whole vocabulary)."""
     logprobs, ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)
     return {"soft_ids": ids.cpu(), "soft_logprobs": logprobs.cpu()}
-
-
-def save_atomically(tensors: dict, path: Path) -> None:
-    """torch.save to `path` through `<path>.partial`, so a reader never sees a half-written file."""
-    partial = path.with_suffix(".partial")
-    torch.save(tensors, partial)
-    partial.replace(path)
 
 
 def check_meta(folder: Path, settings: dict) -> None:

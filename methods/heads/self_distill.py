@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from bench.corpora import sharegpt_conversations
 from bench.errors import ConfigError
 from bench.models import eos_token_ids
-from methods.heads.features import save_atomically
+from methods.heads.common import save_atomically
 
 
 def answer_settings(cfg: DictConfig) -> dict:

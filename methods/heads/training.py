@@ -43,9 +43,8 @@ from bench.artifacts import artifact_fingerprint, resolve_artifact_path
 from bench.errors import ConfigError, MissingArtifactError
 from bench.models import BFLOAT16_CPU_FLAGS, bfloat16_flags, cpu_bfloat16_support, load_model
 from methods.heads.common import (DraftVocabulary, load_strictly, most_frequent_tokens, read_heads, read_json,
-                                  save_heads)
-from methods.heads.features import (Features, build_feature_cache, cache_folder, data_record, load_features,
-                                    save_atomically)
+                                  save_atomically, save_heads)
+from methods.heads.features import Features, build_feature_cache, cache_folder, data_record, load_features
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
 TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
