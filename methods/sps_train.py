@@ -30,7 +30,7 @@ from bench.corpora import sharegpt_conversations
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import ConfigError, MissingArtifactError
 from bench.models import load_model
-from methods.heads.common import read_json, read_tensors
+from methods.heads.common import read_json, read_tensors, save_atomically
 from methods.heads.training import (TRAIN_STATE, autocast, cumulative, earlier_stints, learning_rate,
                                     matching_train_state, save_train_state, stint_minutes, stint_record,
                                     training_dtype)
@@ -105,10 +105,8 @@ def train(cfg: DictConfig) -> Path:
 
     def save_checkpoint() -> None:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = checkpoint_path.with_suffix(".partial")
-        torch.save({**state, "draft": {k: v.detach() for k, v in own_state(draft).items()},
-                    "optimizer": optimizer.state_dict()}, partial)
-        partial.replace(checkpoint_path)
+        save_atomically({**state, "draft": {k: v.detach() for k, v in own_state(draft).items()},
+                         "optimizer": optimizer.state_dict()}, checkpoint_path)
 
     started = train_steps(tcfg, target, draft, tokenizer, optimizer, params, state, save_checkpoint, dtype)
     draft.eval()
