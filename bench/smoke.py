@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--update", action="store_true", help="write/merge the baseline from this smoke run")
     args = parser.parse_args(argv)
     methods = args.methods.split(",") if args.methods else available_methods()
+    known = available_methods()
+    if unknown := [m for m in methods if m not in known]:
+        parser.error(f"--methods: unknown method(s) {', '.join(unknown)}; known: {','.join(known)}")
+    if strays := [o for o in args.overrides if "=" not in o and not o.startswith("~")]:  # `--methods a b` leaves b here
+        hint = (f"; --methods takes one comma-separated list: --methods {','.join([*methods, *strays])}"
+                if all(o in known for o in strays) else "")
+        parser.error(f"not a Hydra override (key=value): {' '.join(strays)}{hint}")
     sys.exit(smoke(args.out, methods, [*DEFAULT_OVERRIDES, *args.overrides], args.baseline, args.update))
 
 

@@ -79,3 +79,13 @@ def test_smoke_never_wipes_a_folder_it_did_not_make(tmp_path):
     with pytest.raises(SystemExit, match="not made by bench.smoke"):
         smoke_module.fresh_folder(tmp_path)
     assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_methods_flag_names_the_mistake(capsys):
+    with pytest.raises(SystemExit):
+        smoke_module.main(["--methods", "medusa", "hydra"])
+    assert ("not a Hydra override (key=value): hydra; --methods takes one comma-separated list: "
+            "--methods medusa,hydra") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        smoke_module.main(["--methods", "medusa,medussa"])
+    assert "--methods: unknown method(s) medussa; known: vanilla," in capsys.readouterr().err
