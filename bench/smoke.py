@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
                              + ",".join(available_methods()) + ")")
     parser.add_argument("--update", action="store_true", help="write/merge the baseline from this smoke run")
     args = parser.parse_args(argv)
-    methods = args.methods.split(",") if args.methods else available_methods()
     known = available_methods()
+    methods = args.methods.split(",") if args.methods else known
     if unknown := [m for m in methods if m not in known]:
         parser.error(f"--methods: unknown method(s) {', '.join(unknown)}; known: {','.join(known)}")
     if strays := [o for o in args.overrides if "=" not in o and not o.startswith("~")]:  # `--methods a b` leaves b here
