@@ -29,7 +29,7 @@ from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB, vanilla_tokens
 
 SETTING = {"model": "tiny", "path": "x", "gguf_file": None, "dtype": "float64", "attn_implementation": None,
-           "device": "cpu", "device_name": "test cpu", "threads": 2, "torch": "2.13.0", "transformers": "5.24.0"}
+           "device": "cpu", "device_name": "test cpu", "threads": 2, "torch": "2.13.0"}
 BASE, PER_TOKEN = 0.02, 0.005  # the fake model's forward takes BASE + PER_TOKEN x L seconds on the fake clock
 TREE_MASK = 0.003  # and TREE_MASK more when it is given a 4-D (tree) mask
 DRAFT = 0.001  # NoisyOracle's proposals take this long on the fake clock
@@ -55,6 +55,25 @@ def test_profile_round_trips_and_is_refused_for_another_setting(tmp_path):
         Profile.load(path, {**SETTING, "threads": 1}, "make it")
     with pytest.raises(ProfileError, match="no forward-time profile.*make it"):
         Profile.load(tmp_path / "none.json", SETTING, "make it")
+
+
+def test_transformers_version_does_not_key_the_profile(tmp_path, monkeypatch):
+    """A fresh install gets the newest transformers patch release: the committed profile must still serve it, so
+    the key leaves transformers out, and a profile stored with the retired key still loads."""
+    import transformers
+
+    model_cfg = OmegaConf.create({"name": "tiny", "path": "x", "dtype": "float32"})
+    before = profile_setting(model_cfg, torch.device("cpu"), threads=2)
+    monkeypatch.setattr(transformers, "__version__", "5.99.0")
+    assert profile_setting(model_cfg, torch.device("cpu"), threads=2) == before
+    assert "transformers" not in before and before["torch"] == torch.__version__
+    path = profile_path(tmp_path, SETTING)
+    old = linear_profile()
+    old.setting = {**SETTING, "transformers": "5.24.0"}
+    old.save(path)
+    assert Profile.load(path, SETTING, "make it").seconds == old.seconds
+    with pytest.raises(ProfileError, match=r"\(torch differ\)"):
+        Profile.load(path, {**SETTING, "torch": "2.14.0"}, "make it")
 
 
 def test_blas_code_path_variables_key_the_profile_and_its_command(monkeypatch):

@@ -27,6 +27,11 @@ POINT_KINDS = {"seconds": "chain: the model's own causal mask",
                "tree_seconds": "tree: a tree-shaped 4-D additive mask (bench/engine/kvcache.py tree_attention_mask)"}
 
 
+# Keys that profiles once recorded but that do not change forward times: transformers' version (the forward is
+# torch's kernels; a patch release of transformers must not leave a fresh install without its predicted speedups).
+RETIRED_SETTING_KEYS = ("transformers",)
+
+
 class ProfileError(Exception):
     """No profile for this setting, or one made for another setting."""
 
@@ -88,6 +93,8 @@ class Profile:
         if not path.exists():
             raise ProfileError(f"no forward-time profile for this setting at {path}; make it with: {command}")
         data = json.loads(path.read_text())
+        for key in RETIRED_SETTING_KEYS:  # profiles made before a key was retired still serve their setting
+            data["setting"].pop(key, None)
         if data["setting"] != setting:
             changed = sorted(k for k in setting if data["setting"].get(k) != setting[k])
             raise ProfileError(f"the profile at {path} was made for another setting ({', '.join(changed)} differ); "

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -113,7 +112,8 @@ def device_name(device: torch.device) -> str:
     name = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines() if l.startswith("model name")]
+        lines = cpuinfo.read_text().splitlines()
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
         name = names[0] if names else name
     return name
 
@@ -133,7 +133,8 @@ def blas_environment(device: torch.device) -> dict:
 
 
 def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
-    """What a profile's times depend on; a profile is only used where this matches exactly. `batch`: sequences per
+    """What a profile's times depend on (model and its weights file, dtype, attention implementation, device, threads,
+    BLAS code path, torch version); a profile is only used where this matches exactly. `batch`: sequences per
     forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before);
     `blas`: the BLAS code-path variables when any is set (none set keeps no key)."""
     blas = blas_environment(device)
@@ -142,7 +143,7 @@ def profile_setting(model_cfg, device: torch.device, threads: int | None = None,
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
             "device": device.type, "device_name": device_name(device),
             "threads": None if device.type == "cuda" else (threads or torch.get_num_threads()),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+            "torch": torch.__version__}
 
 
 def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1) -> str:
