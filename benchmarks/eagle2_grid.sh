@@ -10,8 +10,8 @@ grid=("${@:-6/2/2 8/2/2 8/3/2 8/4/2 12/3/3 16/4/4}")
 out=${OUT:-results/eagle2_grid}
 for shape in ${grid[@]}; do
   IFS=/ read -r total depth top_k <<<"$shape"
-  python -m bench method=eagle2 task=all task.limit=1 gen.max_new_tokens=96 model.eagle.total_token="$total" \
-    model.eagle.depth="$depth" model.eagle.top_k="$top_k" out_dir="$out/eagle2-$total-$depth-$top_k"
+  python -m bench method=eagle2 task=all task.limit=1 gen.max_new_tokens=96 method.drafter.total_token="$total" \
+    method.drafter.depth="$depth" method.drafter.top_k="$top_k" out_dir="$out/eagle2-$total-$depth-$top_k"
 done
 python - "$out" <<'PY'
 import sys

@@ -4,21 +4,28 @@
                                              [--adaptive] [--draft PATH]
 
 Four contenders decode the same chat prompts greedily, interleaved question by question: our vanilla, our SpS
-(methods/sps.py with the model config's draft, `sps_draft`), transformers' `generate(do_sample=False)` and its
-assisted generation with the same draft as a full HF model (the target's embedding and LM head attached) and the
-same γ (constant, or transformers' "heuristic_transient" schedule with --adaptive; its confidence-threshold early
-stop is off so both draft the same chains). Prints each SpS's speedup over its own vanilla, its mean accepted tokens
-(new tokens per target forward, the prefill included; forwards counted by wrapping forward) and draft forwards.
+(methods/sps.py with method=sps's draft for the model, `method.drafter.draft_path`), transformers'
+`generate(do_sample=False)` and its assisted generation with the same draft as a full HF model (the target's
+embedding and LM head attached) and the same γ (constant, or transformers' "heuristic_transient" schedule with
+--adaptive; its confidence-threshold early stop is off so both draft the same chains). Prints each SpS's speedup
+over its own vanilla, its mean accepted tokens (new tokens per target forward, the prefill included; forwards
+counted by wrapping forward) and draft forwards.
 """
 from __future__ import annotations
 
 import argparse
 
-from omegaconf import OmegaConf
-
+from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.artifacts import PROJECT_ROOT
-from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
+from benchmarks.common import (
+    ForwardCounter,
+    count_forwards,
+    hf_generate,
+    interleave,
+    make_parser,
+    print_comparison,
+    setup,
+)
 from methods.sps import DraftModelDrafter, load_draft
 
 
@@ -26,17 +33,17 @@ def parse_args() -> argparse.Namespace:
     parser = make_parser(__doc__, questions=4, max_new_tokens=128)
     parser.add_argument("--gamma", type=int, default=None, help="draft tokens per step (default: conf/method/sps.yaml)")
     parser.add_argument("--adaptive", action="store_true", help="adapt γ (+2 / -1) on both sides")
-    parser.add_argument("--draft", default=None, help="draft folder or hub id (default: the model config's sps_draft)")
+    parser.add_argument("--draft", default=None, help="draft folder or hub id (default: method=sps's draft_path)")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     model, tokenizer, prompts, eos = setup(args)
-    knobs = OmegaConf.load(PROJECT_ROOT / "conf" / "method" / "sps.yaml").drafter
+    knobs = compose_config("method=sps", f"model={args.model}").method.drafter
     gamma = args.gamma or knobs.num_draft_tokens
-    model_cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / f"{args.model}.yaml")
-    draft = load_draft(args.draft or model_cfg.sps_draft, model)
+    draft_path = args.draft or knobs.draft_path
+    draft = load_draft(draft_path, model)
     assistant_config = draft.generation_config
     assistant_config.num_assistant_tokens = gamma
     assistant_config.num_assistant_tokens_schedule = "heuristic_transient" if args.adaptive else "constant"
@@ -55,7 +62,7 @@ def main() -> None:
     contenders, forwards = count_forwards(contenders, {"target": ForwardCounter(model), "draft": ForwardCounter(draft)})
     totals = interleave(prompts, contenders, model.device)
     print(f"{len(prompts)} questions, up to {args.max_new_tokens} new tokens, {model.dtype}, γ={gamma}"
-          f"{' adaptive' if args.adaptive else ''}, draft {args.draft or model_cfg.sps_draft} "
+          f"{' adaptive' if args.adaptive else ''}, draft {draft_path} "
           f"({draft.config.num_hidden_layers} layers)")
     print_comparison(totals, forwards, [("sps", "vanilla"), ("hf assisted", "hf vanilla")])
 

@@ -30,6 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.artifacts import PROJECT_ROOT, cache_dir
+from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import dequantized_gguf, eos_token_ids, load_model
 from methods.eagle import EagleDrafter, load_eagle
@@ -158,9 +159,13 @@ def mt_bench_prompts(model, tokenizer, question_ids: list[int], max_new_tokens: 
     return prompts
 
 
+def smollm2_checkpoint(method: str) -> str:
+    """The committed SmolLM2 checkpoint `method` runs with (conf/method_model/<method>/smollm2_135m.yaml)."""
+    return compose_config(f"method={method}", "model=smollm2_135m").method.drafter.checkpoint
+
+
 def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
     """Per row: method, settings, our drafter factory, and the upstream run (as the driver takes it)."""
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
     rows = []
     if "lookahead" in methods:
         for label, knobs, fwd_one in (("ours (defaults) vs lade default ALWAYS_FWD_ONE=1", {}, 1),
@@ -174,16 +179,18 @@ def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
     if "medusa" in methods:
         choices = [[i] for i in range(MEDUSA_TREE[1])] + [[i, j] for i in range(MEDUSA_TREE[1])
                                                            for j in range(MEDUSA_TREE[2])]
-        folder = convert_medusa(cfg.medusa.checkpoint, model, heads_dir / "medusa")
+        medusa_heads = smollm2_checkpoint("medusa")
+        folder = convert_medusa(medusa_heads, model, heads_dir / "medusa")
         rows.append({"method": "medusa", "settings": f"medusa_choices={MEDUSA_TREE} ({len(choices)} nodes)",
-                     "ours": lambda: MedusaDrafter(model, checkpoint=cfg.medusa.checkpoint, choices=choices),
+                     "ours": lambda: MedusaDrafter(model, checkpoint=medusa_heads, choices=choices),
                      "upstream": {"method": "medusa", "heads_dir": str(folder), "medusa_choices": MEDUSA_TREE}})
     if "eagle" in methods:
         from methods.heads.trees import TREES
 
-        folder = convert_eagle(cfg.eagle.checkpoint, model, heads_dir / "eagle")
+        eagle_head = smollm2_checkpoint("eagle")
+        folder = convert_eagle(eagle_head, model, heads_dir / "eagle")
         rows.append({"method": "eagle", "settings": "static tree mc_sim_7b_63 (= eagle_7b_25, 25 nodes)",
-                     "ours": lambda: EagleDrafter(model, checkpoint=cfg.eagle.checkpoint, choices="eagle_7b_25"),
+                     "ours": lambda: EagleDrafter(model, checkpoint=eagle_head, choices="eagle_7b_25"),
                      "upstream": {"method": "eagle", "head_dir": str(folder), "tree_choices": TREES["eagle_7b_25"]}})
     for index, row in enumerate(rows):
         row["upstream"]["name"] = f"run{index}"

@@ -375,7 +375,7 @@ def test_hugging_face_draft_folder_loads_strictly(tiny_model, tmp_path):
     with pytest.raises(InvalidArtifactError) as error:  # transformers alone would initialise it at random
         load_draft(tmp_path / "draft", tiny_model)
     assert_one_line_refusal(error, f"SpS draft '{tmp_path / 'draft'}'", "1 key missing (model.norm.weight)",
-                            "set model.sps_draft")
+                            "set method.drafter.draft_path")
     truncate(weights)
     with pytest.raises(InvalidArtifactError) as error:
         load_draft(tmp_path / "draft", tiny_model)

@@ -237,7 +237,7 @@ def test_strict_loading_refuses_a_missing_or_unexpected_key(tiny_model, tmp_path
         load_eagle3(folder, tiny_model)
     message = str(err.value)
     assert "\n" not in message and str(folder / weights) in message and expected in message
-    assert "model.eagle3.checkpoint" in message
+    assert "method.drafter.checkpoint" in message
 
 
 def test_heads_for_another_target_or_eagle1_heads_are_refused(tiny_model, tmp_path):
@@ -268,14 +268,14 @@ def test_full_vocabulary_head_needs_no_maps(tiny_model, prompts, tmp_path, one_t
 
 @pytest.mark.parametrize("checkpoint", ["null", "untrained"])
 def test_missing_head_says_how_to_train_one_or_point_at_one(tiny_model, tmp_path, checkpoint):
-    """No model.eagle3.checkpoint, or one pointing at a folder not trained yet (SmolLM2's before its training)."""
+    """No method.drafter.checkpoint, or one pointing at a folder not trained yet (SmolLM2's before its training)."""
     folder = tmp_path / "eagle3"
     with pytest.raises(MissingArtifactError) as err:
         drafter_from_config("eagle3", tiny_model, None,
-                            f"model.eagle3.checkpoint={'null' if checkpoint == 'null' else folder}")
+                            f"method.drafter.checkpoint={'null' if checkpoint == 'null' else folder}")
     message = str(err.value)
     assert "\n" not in message and "python -m bench.train method=eagle3" in message
-    assert "model.eagle3.checkpoint" in message and "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in message
+    assert "method.drafter.checkpoint" in message and "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in message
     assert ("is unset" if checkpoint == "null" else f"not found at {folder}") in message
 
 

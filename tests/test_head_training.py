@@ -34,7 +34,7 @@ def train_config(checkpoint, corpus, tmp_path, method: str, *overrides: str):
             "model.name=tiny", f"features.corpus={corpus}", "features.seq_len=32", "features.num_sequences=8",
             "features.shard_sequences=2", f"features.dir={tmp_path / 'features'}", "train.max_steps=4",
             "train.eval_every=2", "train.batch_size=2", f"train.checkpoint={tmp_path / 'resume.pt'}",
-            f"model.{method}.checkpoint={tmp_path / 'heads'}", *overrides])
+            f"method.drafter.checkpoint={tmp_path / 'heads'}", *overrides])
 
 
 def test_assistant_mask_covers_exactly_the_assistant_turns(tiny_checkpoint):

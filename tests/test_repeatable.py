@@ -69,7 +69,8 @@ def test_batched_rows_draw_from_their_own_seeds(tiny_model, prompts, method, one
 
 @pytest.fixture(scope="module")
 def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
-    """An SpS draft (one layer of the tiny checkpoint) and a random EAGLE head for it, saved as runs load them."""
+    """An SpS draft (one layer of the tiny checkpoint), random heads and a datastore for it, saved as runs load them:
+    each method's overrides pointing at them."""
     from transformers import AutoModelForCausalLM
 
     from methods.heads.common import save_heads
@@ -89,10 +90,11 @@ def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
     generator = torch.Generator().manual_seed(4)
     corpus = [torch.randint(0, target.config.vocab_size, (40,), generator=generator).tolist() for _ in range(20)]
     write_datastore(folder / "rest.idx", corpus, sort_depth=8)
-    return [f"model.sps_draft={folder / 'sps'}", f"model.eagle.checkpoint={folder / 'eagle'}",
-            "model.eagle.total_token=8", "model.eagle.depth=3", "model.eagle.top_k=2",
-            f"model.medusa.checkpoint={folder / 'medusa'}", f"model.hydra.checkpoint={folder / 'hydra'}",
-            f"++datastore.path={folder / 'rest.idx'}"]
+    heads = {method: [f"method.drafter.checkpoint={folder / method}"] for method in ("medusa", "hydra")}
+    eagle = f"method.drafter.checkpoint={folder / 'eagle'}"
+    return {**heads, "sps": [f"method.drafter.draft_path={folder / 'sps'}"], "eagle": [eagle],
+            "eagle2": [eagle, "method.drafter.total_token=8", "method.drafter.depth=3", "method.drafter.top_k=2"],
+            "rest": [f"++datastore.path={folder / 'rest.idx'}"]}
 
 
 def tokens_by_question(path) -> dict:
@@ -104,7 +106,7 @@ def tokens_by_question(path) -> dict:
 def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, method, one_thread):
     """repeats=3 under sampling: every repeat of a turn gives the same tokens (else RepeatMismatchError)."""
     summary = run(compose(f"method={method}", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1",
-                          *tiny_artifacts))
+                          *tiny_artifacts.get(method, [])))
     answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert len(answers) == 2 and all(len(t) == 3 for a in answers for t in a["choices"][0]["wall_times"])
     assert summary.n_questions.iloc[-1] == 2
@@ -114,7 +116,7 @@ def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, me
 def test_question_order_does_not_change_sampled_tokens(compose, tiny_artifacts, tmp_path, monkeypatch, method,
                                                        one_thread):
     """A run over the questions in reverse order gives each question (method and vanilla alike) the same tokens."""
-    settings = (f"method={method}", "task=qa", "task.limit=3", "gen.temperature=1", *tiny_artifacts)
+    settings = (f"method={method}", "task=qa", "task.limit=3", "gen.temperature=1", *tiny_artifacts[method])
     run(compose(*settings, f"out_dir={tmp_path / 'forward'}"))
     load_questions = bench.measure.run.load_questions
     monkeypatch.setattr(bench.measure.run, "load_questions", lambda task: load_questions(task)[::-1])

@@ -250,9 +250,9 @@ def test_eagle2_fallback_rows_equal_batch_one(tiny_model, batch_prompts, one_thr
     assert any(n > 1 for turn in out.turns for n in turn.verified_tokens)
 
 
-def test_eagle2_fallback_settings_follow_model_eagle():
-    """conf/method/samd.yaml's eagle2 knobs are method=eagle2's (model.eagle); a model without an EAGLE head gets
-    none and upstream's 60/5/10 tree."""
+def test_eagle2_fallback_settings_are_method_eagle2s():
+    """samd's eagle2 knobs (conf/method_model/samd/<model>.yaml) are method=eagle2's for the model; a model without
+    an EAGLE head gets none and upstream's 60/5/10 tree."""
     smollm2 = compose_method("samd").method.drafter.eagle2
     eagle2 = compose_method("eagle2").method.drafter
     assert [smollm2[k] for k in ("checkpoint", "total_token", "depth", "top_k")] == [

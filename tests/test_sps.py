@@ -120,9 +120,10 @@ def test_missing_draft_names_its_path_and_how_to_make_it(tiny_model):
 def test_config_points_the_drafter_at_the_model_draft(model):
     cfg = compose_method("sps", f"model={model}")
     assert cfg.method.drafter._target_ == "methods.sps.DraftModelDrafter"
-    assert cfg.method.drafter.draft_path == cfg.model.sps_draft
+    assert cfg.method.drafter.draft_path == {"smollm2_135m": "artifacts/sps/smollm2_135m",
+                                             "vicuna_7b": "double7/vicuna-68m"}[model]
     if model == "smollm2_135m":
-        assert (resolve_draft_path(cfg.model.sps_draft) / "model.safetensors").exists()
+        assert (resolve_draft_path(cfg.method.drafter.draft_path) / "model.safetensors").exists()
 
 
 @pytest.mark.real_model
