@@ -17,26 +17,26 @@ def find_divergence(model, turns: list[dict], baseline: dict, tie_margin: float 
     single-token arithmetic may pick either.
 
     `check_model` (default: `model`) judges the tie: a float32 copy of a bfloat16 target re-checks the two tokens at
-    float32 precision, so bfloat16's own noise cannot excuse a divergence. `logit_gap` is the run's model's gap
-    (vanilla's token minus the method's), `check_gap` the judging model's, `tie_distance` how far the farther of the
+    float32 precision, so bfloat16's own noise cannot excuse a divergence. `logit_gap` is the run's model's gap (the
+    baseline's token minus the method's), `check_gap` the judging model's, `tie_distance` how far the farther of the
     two tokens lies below the judging model's top logit (the number compared with `tie_margin`). Without a `model`
     (a server returns no logits) no tie can be proven: numeric_tie is false and logit_gap null, with the reason."""
-    for index, (turn, base_ids) in enumerate(zip(turns, baseline["choices"][0]["token_ids"])):
+    for index, (turn, baseline_ids) in enumerate(zip(turns, baseline["choices"][0]["token_ids"])):
         ids = turn["token_ids"]
-        if ids == base_ids:
+        if ids == baseline_ids:
             continue
-        shorter = min(len(ids), len(base_ids))
-        position = next((i for i, (a, b) in enumerate(zip(ids, base_ids)) if a != b), shorter)
+        shorter = min(len(ids), len(baseline_ids))
+        position = next((i for i, (a, b) in enumerate(zip(ids, baseline_ids)) if a != b), shorter)
         found = {"turn": index, "position": position}
         if position >= shorter and model is None:
             return {**found, "logit_gap": None, "numeric_tie": False, "reason": STOPPED_EARLIER}
         if position >= shorter:  # one stopped earlier: stop rules differ, never a tie
             return {**found, "logit_gap": math.inf, "numeric_tie": False}
-        found.update(vanilla_token=base_ids[position], method_token=ids[position])
+        found.update(vanilla_token=baseline_ids[position], method_token=ids[position])
         if model is None:
             return {**found, "logit_gap": None, "numeric_tie": False, "reason": NO_LOGITS}
-        return {**found, **judge_tie(model, turn["prompt_ids"] + base_ids[:position], ids[position],
-                                     base_ids[position], tie_margin, check_model)}
+        return {**found, **judge_tie(model, turn["prompt_ids"] + baseline_ids[:position], ids[position],
+                                     baseline_ids[position], tie_margin, check_model)}
     return None
 
 

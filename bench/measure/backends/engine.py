@@ -1,6 +1,6 @@
-"""Our engine as a backend of the protocol (bench/measure/protocol.py): the method's question decoder and vanilla's
-(the baseline), batch 1 or `gen.batch_size` rows at a time, divergences judged for numeric ties, the GPU's facts and
-the predicted speedup of the target's forward-time profile."""
+"""Our engine as a backend of the protocol (bench/measure/protocol.py): the method's question decoder and its
+baseline's (vanilla decoding), batch 1 or `gen.batch_size` rows at a time, divergences judged for numeric ties, the
+GPU's facts and the predicted speedup of the target's forward-time profile."""
 from __future__ import annotations
 
 import sys
@@ -46,7 +46,7 @@ def engine_run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str
 
 
 class EngineBackend(Backend):
-    """The method's question decoder and vanilla's over one loaded model, with the run's profile and GPU monitor."""
+    """The method's question decoder and its baseline's over one loaded model, the run's profile and GPU monitor."""
 
     def __init__(self, cfg: DictConfig, model, tokenizer, device: torch.device, questions: int,
                  start_warnings: list[str]):
