@@ -5,6 +5,7 @@ and resumed from them. A `Backend` (bench/measure/backends/: our engine, a servi
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,9 @@ def is_greedy(gen: DictConfig) -> bool:
     return SamplingConfig(gen.temperature, gen.top_k, gen.top_p).greedy
 
 
-class Backend:
-    """What answers a run's questions for the protocol, on the method's side and on the baseline's. Subclasses set
-    the attributes and implement answer, warm_up, divergence, provenance and closing_columns; the rest is optional."""
+class Backend(ABC):
+    """What answers a run's questions for the protocol, on the method's side and on the baseline's: subclasses set
+    the attributes and implement the abstract methods; the others are hooks that do nothing unless overridden."""
 
     label: str  # the method's name in records and reports
     method_is_baseline: bool  # vanilla, or a server without speculation: its answers are its own baseline
@@ -57,21 +58,21 @@ class Backend:
     def open(self, resources: ExitStack) -> None:
         """Start and check what answering needs (servers, closed with `resources`), before the warm-up."""
 
+    @abstractmethod
     def warm_up(self, side: str, todo: list[dict]) -> None:
         """Untimed answering on `side`, so first-call costs miss the first timed question."""
-        raise NotImplementedError
 
     def timing_starts(self) -> None:
         """Called after the warm-up, before the first timed group."""
 
+    @abstractmethod
     def answer(self, side: str, group: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
         """Each question's turns (records.answer_record's fields) answered on `side`, or the PromptTooLong that
         stopped it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def divergence(self, turns: list[dict], baseline: dict) -> dict | None:
         """Where the method's greedy tokens first leave the baseline record's, and whether it is a numeric tie."""
-        raise NotImplementedError
 
     def choice_fields(self, turns: list[dict]) -> dict:
         """The backend's own fields of a record's choice, beyond records.answer_record's."""
@@ -85,21 +86,21 @@ class Backend:
         """metrics.summarize's rows with the backend's own columns."""
         return summary
 
+    @abstractmethod
     def provenance(self, started: float) -> dict:
         """meta.json's facts of where the numbers come from (bench.measure.provenance.run_metadata's keys)."""
-        raise NotImplementedError
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
         """meta.json's keys read from the summary (None: no answers): profile, cpu_share, starved."""
         return {"profile": None, "cpu_share": None, "starved": None}
 
+    @abstractmethod
     def describe(self) -> str:
         """The closing table's heading: the method and what it ran on."""
-        raise NotImplementedError
 
+    @abstractmethod
     def closing_columns(self, summary: pd.DataFrame) -> list[str]:
         """The summary's columns the closing table shows."""
-        raise NotImplementedError
 
     def closing_notes(self, summary: pd.DataFrame) -> list[str]:
         """Lines printed after the closing table."""
