@@ -16,14 +16,13 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench.artifacts import package_dir
 from bench.errors import ConfigError
 from bench.measure.exactness import find_divergence
 from bench.measure.gpu import GpuMonitor
 from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
 from bench.measure.provenance import run_metadata
 from bench.measure.serving.endpoint import SERVER_KEYS, ServerEndpoint
-from bench.measure.serving.launch import LaunchedServer, check_binary
+from bench.measure.serving.launch import LaunchedServer, launch_command
 from bench.measure.serving.stats import serving_columns
 from bench.measure.serving.stream import ENDPOINT_PATHS, RequestSpec
 from tasks import task_of
@@ -55,19 +54,6 @@ def check_server_config(cfg: DictConfig) -> None:
                         f"server's (server.name names it): drop method=...")
     if problems:
         raise ConfigError("\n".join(problems))
-
-
-def launch_command(cfg: DictConfig, command: str) -> str:
-    """A launch command with {binary} (server.binary, checked to exist) and {model_file} (the model's GGUF)."""
-    server = cfg.server
-    binary = str(Path(server.binary).expanduser()) if server.binary else ""
-    model_file = ""
-    if "{model_file}" in command:
-        folder = package_dir(cfg.model.package, cfg.model.install_hint) if cfg.model.get("package") else cfg.model.path
-        model_file = str(Path(folder) / (cfg.model.get("gguf_file") or ""))
-    filled = command.format(binary=binary, model_file=model_file)
-    check_binary(filled, server.build_hint)
-    return filled
 
 
 def server_key_inputs(cfg: DictConfig) -> KeyInputs:
