@@ -44,7 +44,7 @@ class ScriptedBackend(Backend):
     def provenance(self, started):
         return {"config": {}, "started": started}
 
-    def describe(self):
+    def heading(self):
         return "scripted"
 
     def closing_columns(self, summary):

@@ -95,7 +95,7 @@ class Backend(ABC):
         return {"profile": None, "cpu_share": None, "starved": None}
 
     @abstractmethod
-    def describe(self) -> str:
+    def heading(self) -> str:
         """The closing table's heading: the method and what it ran on."""
 
     @abstractmethod
@@ -140,6 +140,7 @@ class InterleavedRun:
         return summary
 
     def sides(self) -> tuple[str, ...]:
+        """The sides this run answers on: the method, and its baseline unless it is its own or baseline=false."""
         return (METHOD, BASELINE) if self.with_baseline else (METHOD,)
 
     def answer_all(self, todo: list[dict]) -> None:
@@ -177,6 +178,7 @@ class InterleavedRun:
         self.answers.append(record)
 
     def record(self, question: dict, method: str, run_key: str, turns: list[dict]) -> dict:
+        """records.answer_record's line with the backend's own choice fields."""
         record = answer_record(question, self.cfg.model.name, method, run_key, turns)
         record["choices"][0].update(self.backend.choice_fields(turns))
         return record
@@ -194,11 +196,13 @@ class InterleavedRun:
         return {"exact_match": exact, "divergence": None if exact else self.backend.divergence(turns, baseline)}
 
     def summary(self, ci_samples: int) -> pd.DataFrame:
+        """metrics.summarize of the answers so far against their baselines (ci_samples=0: no interval)."""
         return summarize(self.backend.label, list(self.answers.records.values()), self.baselines.records,
                          starvation_threshold=self.cfg.starvation_threshold, ci_samples=ci_samples,
                          ci_seed=self.cfg.bootstrap.seed, profile=self.backend.profile)
 
     def progress_note(self) -> str:
+        """The progress bar's note: the speedup and #MAT so far."""
         row = self.summary(ci_samples=0).iloc[-1]
         return f"speedup {row.speedup:.2f}x  accepted/step {row.mean_accepted_tokens:.2f}"
 
@@ -220,7 +224,8 @@ class InterleavedRun:
         return summary
 
     def print_closing(self, summary: pd.DataFrame | None) -> None:
-        print(f"\n{self.backend.describe()} -> {self.cfg.out_dir}")
+        """The heading, the skipped questions, the closing table and the backend's notes."""
+        print(f"\n{self.backend.heading()} -> {self.cfg.out_dir}")
         if self.skipped.records:
             print(f"skipped {len(self.skipped.records)} question(s) whose prompt + gen.max_new_tokens exceed the "
                   f"model's context window: {self.skipped.path}")

@@ -113,7 +113,7 @@ class EngineBackend(Backend):
         profile = None if self.run_profile is None else self.run_profile.__dict__
         return {"profile": profile, **starvation_facts(summary, self.cfg.starvation_threshold)}
 
-    def describe(self) -> str:
+    def heading(self) -> str:
         model = self.cfg.model
         return f"{self.label} on {self.cfg.task.name} ({model.name}, {model.dtype}, {self.device})"
 

@@ -175,7 +175,7 @@ class ServerBackend(Backend):
                                 "acceptance_counters": self.run_counters}})
         return meta
 
-    def describe(self) -> str:
+    def heading(self) -> str:
         server = self.cfg.server
         return f"{self.label} ({server.engine} at {server.url}) on {self.cfg.task.name}, concurrency {self.group_size}"
 
