@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from bench import label_of, sizing_of
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config, fold_deprecated
-from bench.measure.provenance import run_keys
+from bench.measure.backends.engine import engine_run_keys as run_keys
 from bench.measure.run import run
 from bench.records import config_key, read_jsonl
 

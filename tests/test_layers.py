@@ -120,3 +120,45 @@ def test_no_function_in_bench_is_over_60_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno} {node.name}")
     assert long == []
+
+
+PROTOCOL = "bench/measure/protocol.py"  # the one module that writes a run's files and alternates its sides
+RUN_FILES = {"answers.jsonl", "baseline.jsonl", "skipped.jsonl", "summary.csv", "meta.json"}
+WRITERS = {"write_text", "write_bytes", "to_csv", "to_json", "AnswerFile"}  # calls that write to a path they name
+
+
+def protocol_work(tree: ast.AST) -> list[str]:
+    """What only the protocol may do, found in a module's syntax tree: calls that write to a path naming a run file
+    (or build an AnswerFile), and `x % 2` (alternating which side goes first)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and getattr(node.right, "value", None) == 2:
+            found.append((node.lineno, "% 2"))
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        named = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)} & RUN_FILES
+        if name == "AnswerFile" or (name in WRITERS and named):
+            found.append((node.lineno, f"{name}({', '.join(sorted(named))})"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_only_the_protocol_writes_run_files_or_alternates_sides():
+    others = {}
+    for path in sorted((PROJECT_ROOT / "bench").rglob("*.py")):
+        found = protocol_work(ast.parse(path.read_text()))
+        if found and str(path.relative_to(PROJECT_ROOT)) != PROTOCOL:
+            others[str(path.relative_to(PROJECT_ROOT))] = found
+    assert others == {}
+    assert protocol_work(ast.parse((PROJECT_ROOT / PROTOCOL).read_text())) != []  # the rule sees the protocol's
+
+
+def test_the_protocol_rule_sees_a_second_writer():
+    second = ast.parse("def finish(out, rows, meta, number):\n"
+                       "    rows.to_csv(out / 'summary.csv')\n"
+                       "    (out / 'meta.json').write_text(meta)\n"
+                       "    answers = AnswerFile(out / 'other.jsonl', 'key', strict=True)\n"
+                       "    first = number % 2 == 0\n"
+                       "    (out / 'leaderboard.csv').write_text(meta)\n")
+    assert protocol_work(second) == ["line 2: to_csv(summary.csv)", "line 3: write_text(meta.json)",
+                                     "line 4: AnswerFile()", "line 5: % 2"]

@@ -1,4 +1,4 @@
-"""backend=server (bench/measure/serving/): records in our engine's layout from fake OpenAI-compatible engines
+"""backend=server (bench/measure/backends/server.py): records in our engine's layout from fake OpenAI-compatible engines
 (tests/fake_server.py) on localhost, exact_match against a baseline engine, acceptance from llama.cpp's timings and
 vLLM's /metrics, NaN where nothing is reported, concurrency, launched servers, one-line errors."""
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A run's parts from its config: the method's drafter (Hydra `_target_` plus knobs), its engine (batch 1 or
-batched, sized by the planner when the run asks for it) and the question decoders of the method and of vanilla."""
+batched, sized by the planner when the run asks for it) and the question decoders of the method and of its
+baseline (vanilla decoding)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,15 +47,15 @@ class DecoderParts:
 
 
 def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: Profile | None, batch: int,
-             plain: SpeculativeEngine, parts: DecoderParts) -> tuple[QuestionDecoder, QuestionDecoder]:
-    """The method's question decoder and vanilla's (the same one for vanilla itself). With a `profile`, speculation
+             baseline_engine: SpeculativeEngine, parts: DecoderParts) -> tuple[QuestionDecoder, QuestionDecoder]:
+    """The method's question decoder and its baseline's (the same one for vanilla itself). With a `profile`, speculation
     is sized by the planner: at batch 1 the drafter is wrapped in PlannedDrafter, above it the batched engine asks
-    the planner each step. `plain` is vanilla's batch-1 engine."""
-    is_vanilla = drafter is None
+    the planner each step. `baseline_engine` is the baseline's batch-1 engine."""
+    is_baseline = drafter is None  # vanilla: its own baseline
     if batch == 1:
         sized = drafter if profile is None else PlannedDrafter(drafter, profile, parts.device)
         decode = parts.decoder(SpeculativeEngine(model, sized, sampling), batched=False)
-        return decode, decode if is_vanilla else parts.decoder(plain, batched=False)
+        return decode, decode if is_baseline else parts.decoder(baseline_engine, batched=False)
     planner = None if profile is None else SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE)
     decode = parts.decoder(BatchedEngine(model, drafter, sampling, planner), batched=True)
-    return decode, decode if is_vanilla else parts.decoder(BatchedEngine(model, None, sampling), batched=True)
+    return decode, decode if is_baseline else parts.decoder(BatchedEngine(model, None, sampling), batched=True)

@@ -44,7 +44,8 @@ def claim_cores(folder: Path, threads: int, cores: int):
                 f"another job of this sweep is timing on the same cores: {sum(others.values())} threads of "
                 f"{len(others)} running job(s) (pids {', '.join(map(str, sorted(others)))}) plus this job's "
                 f"{threads} exceed the {cores} cores, which makes timings erratic; run the sweep one job at a time (no "
-                f"hydra/launcher=...), or give each job OMP_NUM_THREADS=<cores // jobs> (joblib: hydra.launcher.n_jobs)")
+                f"hydra/launcher=...), or give each job OMP_NUM_THREADS=<cores // jobs> "
+                f"(joblib: hydra.launcher.n_jobs)")
         mine.write_text(str(threads))
     try:
         yield

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 import torch
 
-from bench.measure.contention import available_cores
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.timing import Timing, timed
+from bench.measure.contention import available_cores
 from tasks.prompts import build_prompt
 
 
@@ -34,8 +34,8 @@ class QuestionDecoder:
     """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
     Each turn is decoded and timed `repeats` times with the same seed; every repeat must give the same tokens.
     Raises PromptTooLong before a turn that would not fit in `context` tokens. With `energy` (a running total of the
-    device's joules, bench.measure.gpu.GpuMonitor.energy_joules) each turn also records `energy_j`, the median over repeats
-    of the joules used while it decoded."""
+    device's joules, bench.measure.gpu.GpuMonitor.energy_joules) each turn also records `energy_j`, the median over
+    repeats of the joules used while it decoded."""
 
     def __init__(self, engine: SpeculativeEngine, tokenizer, stop: StopCondition, device: torch.device,
                  context: int | None = None, repeats: int = 1, energy: Callable[[], float | None] | None = None):

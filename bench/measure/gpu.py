@@ -104,7 +104,7 @@ class GpuMonitor:
         return None
 
     def sample(self) -> None:
-        """Record power and memory now (called after each question)."""
+        """Record power and memory now (called after each group of questions a side answered)."""
         if self.handle is None:
             return
         milliwatts = self._read("nvmlDeviceGetPowerUsage")

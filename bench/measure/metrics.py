@@ -1,29 +1,31 @@
 """The harness's metrics, defined once (docs/metrics.md explains them):
 
 - tokens/s of a question = its new tokens / its generation wall time (all turns), Spec-Bench's definition;
-  a task's tokens/s is the mean over its questions; speedup = method tokens/s / vanilla tokens/s on the same questions.
+  a task's tokens/s is the mean over its questions; speedup = method tokens/s / baseline tokens/s on the same questions
+  (the baseline: vanilla decoding, interleaved in the same run).
   At gen.batch_size > 1 a turn's wall time is its share of its batch's (its tokens over the batch's), so a
   question's tokens/s is its batch's throughput (total tokens / batch seconds) and speedup is a throughput ratio
-  against vanilla decoded in the same batches.
+  against the baseline decoded in the same batches.
 - mean_latency_s / baseline_mean_latency_s: mean seconds per turn until its last token (at batch 1, its wall time;
-  batched, from the batch's start), for the method and its vanilla baseline.
+  batched, from the batch's start), for the method and its baseline.
 - mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00); NaN
   where a turn's steps are unknown (decoding_steps null: a serving engine that reports no acceptance).
 - accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
-- exact_match = fraction of questions whose greedy token ids equal vanilla's (NaN when sampling);
-  exact_until_divergence = share of vanilla's tokens reproduced before each question's first divergence (1.0 when
+- exact_match = fraction of questions whose greedy token ids equal the baseline's (NaN when sampling);
+  exact_until_divergence = share of the baseline's tokens reproduced before each question's first divergence (1.0 when
   every question matches; after a divergence the texts differ, so the rest measures different text).
 - speedup_ci_low / speedup_ci_high = 95% percentile interval of the speedup from a paired bootstrap over questions
   (seeded; NaN under two paired questions). #MAT has none: under greedy decoding it is the same every run.
-- cpu_share / starved: bench.measure.contention's starvation check over the method's and its paired vanilla's turns.
+- cpu_share / starved: bench.measure.contention's starvation check over the method's and its paired baseline's turns.
 - prefill_share / draft_share / verify_share / accept_share = the method's seconds in each engine phase over its
   generation wall time (what is left is the timer's own overhead); mean_verified_tokens = tokens per verification
   forward (root + draft nodes + lookahead's window), decode steps only.
-- predicted_speedup: what the target's forward-time profile predicts from the run's own steps (bench/planning/costmodel.py);
-  model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile explains), gap_flagged when the
-  prediction lies outside the speedup's 95% interval: time spent outside drafting and the target's forward.
+- predicted_speedup: what the target's forward-time profile predicts from the run's own steps
+  (bench/planning/costmodel.py); model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile
+  explains), gap_flagged when the prediction lies outside the speedup's 95% interval: time spent outside drafting
+  and the target's forward.
 - joules_per_token / baseline_joules_per_token: GPU energy (NVML, bench/measure/gpu.py) of the method's / its paired
-  vanilla's turns over their generated tokens; NaN where no energy was measured (CPU, NVML missing).
+  baseline's turns over their generated tokens; NaN where no energy was measured (CPU, NVML missing).
 Token counts come from generated ids, never from re-tokenised text.
 """
 from __future__ import annotations
@@ -78,14 +80,14 @@ def decode_step_accepts(record: dict) -> list[int]:
     return accepts
 
 
-def speedup_interval(speeds: np.ndarray, base_speeds: np.ndarray, samples: int = BOOTSTRAP_SAMPLES,
+def speedup_interval(speeds: np.ndarray, baseline_speeds: np.ndarray, samples: int = BOOTSTRAP_SAMPLES,
                      seed: int = 0) -> tuple[float, float]:
-    """CI_LEVEL percentile interval of mean(speeds) / mean(base_speeds), resampling questions (as pairs) with
+    """CI_LEVEL percentile interval of mean(speeds) / mean(baseline_speeds), resampling questions (as pairs) with
     replacement `samples` times from a generator seeded with `seed`; NaNs under two pairs or with samples=0."""
     if len(speeds) < 2 or samples < 1:
         return math.nan, math.nan
     picks = np.random.default_rng(seed).integers(0, len(speeds), size=(samples, len(speeds)))  # [samples, n]
-    ratios = speeds[picks].mean(axis=1) / base_speeds[picks].mean(axis=1)
+    ratios = speeds[picks].mean(axis=1) / baseline_speeds[picks].mean(axis=1)
     tail = (1 - CI_LEVEL) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
     return float(low), float(high)
@@ -118,7 +120,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
     speed = sum(tokens_per_second(r) for r in records) / len(records)
     pairs = [(r, baselines[r["question_id"]]) for r in records if r["question_id"] in baselines]
     paired = np.array([[tokens_per_second(r), tokens_per_second(b)] for r, b in pairs]).reshape(-1, 2)  # [n, 2]
-    base_speed = paired[:, 1].mean() if pairs else math.nan
+    baseline_speed = paired[:, 1].mean() if pairs else math.nan
     low, high = speedup_interval(paired[:, 0], paired[:, 1], ci_samples, ci_seed)
     share = cpu_share([*records, *(b for r, b in pairs if b is not r)])  # a vanilla run is its own baseline
     matches = [r["exact_match"] for r in records if r.get("exact_match") is not None]
@@ -130,8 +132,8 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "n_questions": len(records),
         "new_tokens": new_tokens,
         "tokens_per_s": speed,
-        "baseline_tokens_per_s": base_speed,
-        "speedup": speed / base_speed if pairs else math.nan,
+        "baseline_tokens_per_s": baseline_speed,
+        "speedup": speed / baseline_speed if pairs else math.nan,
         "speedup_ci_low": low,
         "speedup_ci_high": high,
         "mean_accepted_tokens": new_tokens / steps,
@@ -158,7 +160,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
 def summarize(method: str, records: list[dict], baselines: dict[int, dict], *,
               starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD, ci_samples: int = BOOTSTRAP_SAMPLES,
               ci_seed: int = 0, profile: Profile | None = None) -> pd.DataFrame:
-    """One row per task present in `records`, plus `overall`. `baselines` maps question_id to vanilla's record;
+    """One row per task present in `records`, plus `overall`. `baselines` maps question_id to the baseline's record;
     ci_samples=0 skips the bootstrap; without a `profile` the predicted speedup is NaN."""
     by_task: dict[str, list[dict]] = {}
     for record in records:
@@ -170,14 +172,14 @@ def summarize(method: str, records: list[dict], baselines: dict[int, dict], *,
 
 
 def matched_share(records: list[dict], baselines: dict[int, dict]) -> float:
-    """exact_match until divergence: the share of vanilla's tokens (all turns) a method reproduced before its first
+    """exact_match until divergence: the share of the baseline's tokens (all turns) a method reproduced before its first
     divergence (the record's `divergence`: turn, position), over the judged records with a baseline; NaN if none."""
     matched = total = 0
     for record in records:
-        base = baselines.get(record["question_id"])
-        if base is None or record.get("exact_match") is None:
+        baseline = baselines.get(record["question_id"])
+        if baseline is None or record.get("exact_match") is None:
             continue
-        lengths = base["choices"][0]["new_tokens"]
+        lengths = baseline["choices"][0]["new_tokens"]
         total += sum(lengths)
         divergence = record.get("divergence")
         if record["exact_match"] or not divergence:

@@ -14,27 +14,11 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from bench import method_identity
 from bench.artifacts import PROJECT_ROOT
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
 from bench.models import cpu_bfloat16_support
 from bench.planning.profile import blas_environment, device_name
-from bench.records import config_key
-
-
-def run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str, str]:
-    """(vanilla baseline's key, the method's key): hashes of what decides their outputs (model, device, generation
-    settings, seed, question source; for the method also its config and its drafter's artifact)."""
-    gen = OmegaConf.to_container(cfg.gen, resolve=True)
-    if gen.get("batch_size") == 1:
-        del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
-    setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
-               "seed": cfg.seed,
-               "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
-    method_setting = method_identity(OmegaConf.to_container(cfg.method))  # runs keep the keys they had before
-    artifact = None if drafter is None else drafter.artifact  # drafts' weights or datastore
-    return config_key(**setting), config_key(**setting, method=method_setting, artifact=artifact)
 
 
 def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: GpuMonitor) -> dict:

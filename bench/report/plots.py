@@ -9,9 +9,15 @@ import pandas as pd
 
 from bench.measure.metrics import ACCEPT_POSITIONS
 from bench.planning.costmodel import Profile
-from bench.report.tables import (MAT_COLUMN, OVERALL_COLUMN, POSITION_COLUMNS, VANILLA, swept_methods, task_headings,
-                                 wide_table)
-
+from bench.report.tables import (
+    MAT_COLUMN,
+    OVERALL_COLUMN,
+    POSITION_COLUMNS,
+    VANILLA,
+    swept_methods,
+    task_headings,
+    wide_table,
+)
 
 PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
                  "forward_time", "batch_sweep"]
@@ -40,7 +46,7 @@ def _save(fig, path: Path) -> None:
 
 def plot_speedup_by_task(board: pd.DataFrame, path: Path, title: str) -> None:
     """Grouped bars, a group per task (and overall), a bar per method with its 95% interval as an error bar, and
-    the vanilla = 1.0 line."""
+    the baseline's 1.0 line."""
     plt = _pyplot()
     drafted = board[board.method != VANILLA]
     headings = {**task_headings(drafted.task), "overall": OVERALL_COLUMN}
@@ -124,8 +130,8 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
 
 
 def plot_batch_sweep(sweep: pd.DataFrame, path: Path, title: str) -> None:
-    """Throughput speedup over vanilla at the same batch size against batch size, a line per method with its 95%
-    intervals, and the vanilla = 1.0 line."""
+    """Throughput speedup over the baseline at the same batch size against batch size, a line per method with its
+    95% intervals, and the baseline's 1.0 line."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for method, rows in sweep[sweep.method.isin(swept_methods(sweep))].groupby("method", sort=False):

@@ -4,9 +4,9 @@ PATH is a run folder, a results folder (searched recursively, as `bench.report` 
 leaderboard.csv is read). FILE is a JSON baseline, e.g. results/baselines/smollm2_135m-cpu.json, holding per
 method x task: n_questions, mean_accepted_tokens, exact_match, speedup. Exit status 1 (with one line per problem
 naming the method and task) when:
-- any method's greedy output differs from vanilla's on a question, except where the first differing token was a
-  numeric tie (the target's top-2 logits within model.tie_margin; bench.measure.exactness records it): batched verification and
-  one-token decoding may round such a tie either way, so a tie is accepted and only counted;
+- any method's greedy output differs from its baseline's on a question, except where the first differing token was a
+  numeric tie (the target's top-2 logits within model.tie_margin; bench.measure.exactness records it): batched
+  verification and one-token decoding may round such a tie either way, so a tie is accepted and only counted;
 - mean accepted tokens falls below the baseline by more than --mat-tolerance (relative, default 2%);
 - speedup falls below the baseline by more than --speedup-tolerance (relative, default 30%: timings are noisy),
   and so does the top of its 95% interval (bench.measure.metrics): a noisy run whose interval still reaches the floor
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.report.tables import is_flagged, leaderboard
 from bench.report.runs import load_runs, setting_of
+from bench.report.tables import is_flagged, leaderboard
 
 DEFAULT_TOLERANCES = {"mean_accepted_tokens": 0.02, "speedup": 0.30}
 NEWER_COLUMNS = ["speedup_ci_low", "speedup_ci_high", "cpu_share", "starved"]  # absent from older leaderboards
@@ -94,7 +94,7 @@ def _nan(value) -> bool:
 
 
 def exact_match_findings(rows: pd.DataFrame) -> list[Finding]:
-    """Every method x task whose greedy outputs differ from vanilla's beyond numeric ties; ties are noted."""
+    """Every method x task whose greedy outputs differ from the baseline's beyond numeric ties; ties are noted."""
     findings = []
     for row in rows[rows.task != "overall"].itertuples():
         if _nan(row.exact_match_or_tie):  # sampling: no exact match to check
@@ -140,7 +140,7 @@ def compare(rows: pd.DataFrame, baseline: dict, tolerances: dict,
                                       (row.speedup, *interval), speed_tol)
     for row in rows[(rows.task == "overall") & rows.starved.map(is_flagged)].itertuples():
         findings.append(Finding(False, row.method, "overall", f"timed while starved of CPU (CPU share "
-                                                              f"{row.cpu_share:.0%}): its speedups are not to be trusted"))
+                                f"{row.cpu_share:.0%}): its speedups are not to be trusted"))
     for method in sorted(set(rows.method) - set(baseline.get("methods", {}))):
         findings.append(Finding(False, method, "*", "not in the baseline (add it with --update)"))
     return findings

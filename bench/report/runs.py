@@ -11,7 +11,6 @@ from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD
 from bench.records import read_jsonl
 from tasks import task_of
 
-
 SETTING = ["model", "device", "dtype", "max_new_tokens", "temperature", "batch_size"]  # what a run was measured in
 SETTING_COLUMNS = [*SETTING, "device_name"]  # a report's tables: one per setting and machine
 
@@ -22,7 +21,7 @@ def by_question(records: list[dict], run_key: str | None = None) -> dict[int, di
 
 
 def current_baselines(records: list[dict], run_key: str | None) -> dict[int, dict]:
-    """baseline.jsonl is not strict: it may keep vanilla records of earlier settings. Keeps the run's key's records:
+    """baseline.jsonl is not strict: it may keep baseline records of earlier settings. Keeps the run's key's records:
     meta.json's baseline_run_key where the run recorded it, else the key of the most recently written record."""
     if run_key is None and records:
         run_key = max(records, key=lambda r: r.get("tstamp", 0)).get("run_key")
@@ -64,8 +63,8 @@ def load_runs(root: Path) -> pd.DataFrame:
         method_cfg = config.get("method", {})
         method = label_of(method_cfg)
         answers = by_question(read_jsonl(run_dir / "answers.jsonl"))
-        is_vanilla = method_cfg.get("drafter") is None
-        baselines = answers if is_vanilla else \
+        is_baseline = method_cfg.get("drafter") is None  # vanilla (or a server without speculation)
+        baselines = answers if is_baseline else \
             current_baselines(read_jsonl(run_dir / "baseline.jsonl"), meta.get("baseline_run_key"))
         setting = {**run_setting(meta), "device_name": meta.get("device_name")}
         run_info = {
@@ -80,7 +79,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             "limit": config.get("task", {}).get("limit"),
             "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
             "method": method,
-            "is_vanilla": is_vanilla,
+            "is_baseline": is_baseline,
             "method_config": json.dumps(method_identity(method_cfg), sort_keys=True, default=str),
             "profile": meta.get("profile"),
         }
@@ -88,7 +87,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING_COLUMNS, "torch", "transformers", "git_commit", "host",
-               "limit", "starvation_threshold", "method", "is_vanilla", "method_config", "profile", "task",
+               "limit", "starvation_threshold", "method", "is_baseline", "method_config", "profile", "task",
                "question_id", "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 

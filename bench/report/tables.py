@@ -12,7 +12,6 @@ from bench.planning.costmodel import Profile
 from bench.records import PHASES
 from bench.report.runs import SETTING_COLUMNS, method_labels, select_latest
 
-
 TASK_COLUMNS = {  # Spec-Bench's leaderboard headings, in its order
     "mt_bench": "Multi-turn Conversation",
     "translation": "Translation",
@@ -51,7 +50,7 @@ VANILLA = "vanilla"
 
 
 def _exactness(records: list[dict]) -> tuple[float, str]:
-    """Fraction of questions equal to vanilla or differing only at a numeric tie; the ids of the others."""
+    """Fraction of questions equal to their baseline or differing only at a numeric tie; the ids of the others."""
     judged = [r for r in records if r.get("exact_match") is not None]
     bad = [r["question_id"] for r in judged
            if not r["exact_match"] and not (r.get("divergence") or {}).get("numeric_tie")]
@@ -61,7 +60,7 @@ def _exactness(records: list[dict]) -> tuple[float, str]:
 def leaderboard(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per setting x method x task (and `overall`) with bench/measure/metrics.py' numbers, from the latest runs.
 
-    A question's vanilla reference is the one decoded interleaved in the method's own run; a run made with
+    A question's baseline is the one decoded interleaved in the method's own run; a run made with
     baseline=false falls back to the latest vanilla run of the same setting, as Spec-Bench pairs two files.
     """
     if runs.empty:
@@ -83,13 +82,14 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
     out = []
     for setting, group in latest.groupby("setting", sort=False):
         values = group.iloc[0][SETTING_COLUMNS].to_dict()
-        vanilla = {row.question_id: row.record for row in group[group.is_vanilla].itertuples()}
+        baseline_runs = {row.question_id: row.record for row in group[group.is_baseline].itertuples()}
         for method_config, rows in group.groupby("method_config", sort=False):
             label = labels[setting, method_config]
             records = list(rows.record)
             own = {row.question_id: row.baseline for row in rows.itertuples() if row.baseline is not None}
             stored = next((p for p in rows.profile if p), None)  # the profile the run used, from its meta.json
-            summary = summarize(label, records, {**vanilla, **own}, starvation_threshold=rows.starvation_threshold.max(),
+            summary = summarize(label, records, {**baseline_runs, **own},
+                                starvation_threshold=rows.starvation_threshold.max(),
                                 profile=Profile(**stored) if stored else None)
             for _, row in summary.iterrows():
                 chosen = rows if row.task == "overall" else rows[rows.task == row.task]
@@ -166,7 +166,7 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def exactness_text(value: tuple) -> str:
-    """`0.42 · 7 ties · 81% compared`: exact_match, numeric ties, and the share of vanilla's tokens compared before
+    """`0.42 · 7 ties · 81% compared`: exact_match, numeric ties, and the share of the baseline's tokens compared before
     the first divergences (exact_until_divergence); `1.00` when every question matched."""
     exact, ties, until = value
     if exact is None or pd.isna(exact):
@@ -212,7 +212,7 @@ def accept_lengths_by_method(runs: pd.DataFrame, labels: dict) -> dict[str, list
     out: dict[str, list[int]] = {}
     for row in runs.itertuples():
         label = labels[row.setting, row.method_config]
-        if not row.is_vanilla:
+        if not row.is_baseline:
             out.setdefault(label, []).extend(a + 1 for a in decode_step_accepts(row.record))
     return out
 
@@ -223,7 +223,8 @@ def batch_sweeps(board: pd.DataFrame) -> list[pd.DataFrame]:
     if overall.empty:
         return []
     unbatched = [c for c in SETTING_COLUMNS if c != "batch_size"]
-    return [group for _, group in overall.groupby(unbatched, sort=False, dropna=False) if group.batch_size.nunique() > 1]
+    groups = overall.groupby(unbatched, sort=False, dropna=False)
+    return [group for _, group in groups if group.batch_size.nunique() > 1]
 
 
 def swept_methods(sweep: pd.DataFrame) -> list[str]:
@@ -233,13 +234,14 @@ def swept_methods(sweep: pd.DataFrame) -> list[str]:
 
 
 def batch_sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """A row per method run at two or more batch sizes, a column per batch size: throughput speedup over vanilla at that batch size (95% interval)
-    and, under it, `exact` when every question equals vanilla (or differs at a numeric tie); a first row with
-    vanilla's own throughput (the median over the runs' interleaved baselines) and its gain over batch 1."""
+    """A row per method run at two or more batch sizes, a column per batch size: throughput speedup over the
+    baseline at that batch size (95% interval) and, under it, `exact` when every question equals its baseline (or
+    differs at a numeric tie); a first row with the baseline's own throughput (the median over the runs'
+    interleaved baselines) and its gain over batch 1."""
     sizes = sorted(sweep.batch_size.unique())
-    vanilla_rate = {b: sweep[sweep.batch_size == b].baseline_tokens_per_s.median() for b in sizes}
-    rows = [{"Method": "vanilla tok/s", **{f"B={b}": f"{vanilla_rate[b]:.1f}" + (
-        f" ({vanilla_rate[b] / vanilla_rate[sizes[0]]:.2f}x)" if b != sizes[0] else "") for b in sizes}}]
+    baseline_rate = {b: sweep[sweep.batch_size == b].baseline_tokens_per_s.median() for b in sizes}
+    rows = [{"Method": "vanilla tok/s", **{f"B={b}": f"{baseline_rate[b]:.1f}" + (
+        f" ({baseline_rate[b] / baseline_rate[sizes[0]]:.2f}x)" if b != sizes[0] else "") for b in sizes}}]
     for method in swept_methods(sweep):
         row = {"Method": method}
         for b in sizes:
@@ -264,8 +266,8 @@ def backend_comparisons(board: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def backend_table(comparison: pd.DataFrame, board: pd.DataFrame) -> pd.DataFrame:
-    """A row per setting x method of one comparison: where it ran, its speedup over that setting's own vanilla,
-    #MAT, the tokens/s of the method and of that vanilla, and the tasks it covers; fastest method first."""
+    """A row per setting x method of one comparison: where it ran, its speedup over that setting's own baseline,
+    #MAT, the tokens/s of the method and of that baseline, and the tasks it covers; fastest method first."""
     rows = []
     for r in comparison.itertuples():
         tasks = sorted(set(board[(board.setting == r.setting) & (board.method == r.method)].task) - {"overall"})
@@ -306,7 +308,8 @@ def profiles_of(group_runs: pd.DataFrame) -> list[Profile]:
 
 
 def table_warnings(board: pd.DataFrame) -> str:
-    """Markdown paragraphs under one setting's table: methods that differ from vanilla, methods timed starved."""
+    """Markdown paragraphs under one setting's table: methods that differ from their baseline, methods
+    timed starved."""
     overall = board[board.task == "overall"]
     diverged = overall[overall.exact_match_or_tie < 1]
     starved = overall[overall.starved.map(is_flagged)]

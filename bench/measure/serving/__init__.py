@@ -1,2 +1,3 @@
-"""`backend=server`: the tasks, records and reports of our engine's runs, against an OpenAI-compatible serving
-engine (llama.cpp, vLLM, SGLang...) that the harness talks to over HTTP (docs/serving.md)."""
+"""Talking to an OpenAI-compatible serving engine (llama.cpp, vLLM, SGLang...) over HTTP, for `backend=server`
+(bench/measure/backends/server.py, docs/serving.md): an endpoint answering questions, streamed requests, launched
+servers, acceptance counters, the serving columns."""

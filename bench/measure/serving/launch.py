@@ -10,6 +10,9 @@ import time
 import urllib.error
 from pathlib import Path
 
+from omegaconf import DictConfig
+
+from bench.artifacts import package_dir
 from bench.errors import MissingArtifactError
 from bench.measure.serving.http import get_text
 
@@ -23,6 +26,19 @@ def check_binary(command: str, hint: str | None) -> None:
     if program.parent != Path(".") and not os.access(program, os.X_OK):
         raise MissingArtifactError(f"server program {program} not found (server.launch); "
                                    f"{hint or 'install it or set server.launch=<command>'}")
+
+
+def launch_command(cfg: DictConfig, command: str) -> str:
+    """A launch command with {binary} (server.binary, checked to exist) and {model_file} (the model's GGUF)."""
+    server = cfg.server
+    binary = str(Path(server.binary).expanduser()) if server.binary else ""
+    model_file = ""
+    if "{model_file}" in command:
+        folder = package_dir(cfg.model.package, cfg.model.install_hint) if cfg.model.get("package") else cfg.model.path
+        model_file = str(Path(folder) / (cfg.model.get("gguf_file") or ""))
+    filled = command.format(binary=binary, model_file=model_file)
+    check_binary(filled, server.build_hint)
+    return filled
 
 
 class LaunchedServer:

@@ -1,4 +1,4 @@
-"""One side of a server run (the speculative server, or its baseline without speculation): answering a question
+"""One endpoint of a server run (the speculative server's, or its baseline's without speculation): answering a question
 turn by turn over HTTP as our engine does (turn k asked with turns < k and this side's answers), each turn's record
 fields (records.answer_record's, plus the serving ones), and its acceptance counters."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tasks.prompts import build_prompt
 SERVER_KEYS = ("ttft_s", "itl_s", "token_count_source", "acceptance_source", "drafted", "accepted")
 
 
-class ServerSide:
+class ServerEndpoint:
     """`url` (its `setting`, e.g. server.url, named in errors), asked with `spec`; `speculative` says whether it
     speculates; `engine` which counters it keeps; `per_turn_counters` reads /metrics around every request (only at
     concurrency 1, where nothing else runs on it)."""

@@ -1,0 +1,135 @@
+"""Our engine as a backend of the protocol (bench/measure/protocol.py): the method's question decoder and its
+baseline's (vanilla decoding), batch 1 or `gen.batch_size` rows at a time, divergences judged for numeric ties, the
+GPU's facts and the predicted speedup of the target's forward-time profile."""
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from bench import method_identity, method_label, sizing_of
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import SamplingConfig
+from bench.measure.assemble import DecoderParts, build_drafter, decoders
+from bench.measure.contention import verdict
+from bench.measure.decoding import PromptTooLong, decode_group
+from bench.measure.exactness import find_divergence
+from bench.measure.gpu import GpuMonitor
+from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs, run_keys
+from bench.measure.provenance import run_metadata, starvation_facts
+from bench.models import context_window, eos_token_ids, load_check_model
+from bench.planning.profile import profile_for_run
+from tasks.prompts import build_prompt
+
+SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup",
+                   "mean_accepted_tokens", "mean_verified_tokens", "draft_share", "verify_share", "exact_match",
+                   "cpu_share"]  # printed at the end of a run; speedup with its interval
+
+
+def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter) -> KeyInputs:
+    """What decides an engine run's outputs: model, device, generation settings, seed, question source; for the
+    method also its config and its drafter's artifact (drafts' weights or datastore)."""
+    gen = OmegaConf.to_container(cfg.gen, resolve=True)
+    if gen.get("batch_size") == 1:
+        del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
+    shared = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
+              "seed": cfg.seed, "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
+    method = method_identity(OmegaConf.to_container(cfg.method))  # runs keep the keys they had before
+    return KeyInputs(shared, method={"method": method, "artifact": None if drafter is None else drafter.artifact})
+
+
+def engine_run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str, str]:
+    """(the baseline's key, the method's key) of an engine run: protocol.run_keys of engine_key_inputs."""
+    return run_keys(engine_key_inputs(cfg, device, drafter))
+
+
+class EngineBackend(Backend):
+    """The method's question decoder and its baseline's over one loaded model, the run's profile and GPU monitor."""
+
+    def __init__(self, cfg: DictConfig, model, tokenizer, device: torch.device, questions: int,
+                 start_warnings: list[str]):
+        self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
+        self.start_warnings = start_warnings
+        sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
+        self.stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
+                                  tuple(cfg.gen.stop_strings), tokenizer)
+        self.batch = int(cfg.gen.get("batch_size", 1))
+        self.group_size, self.group_column = self.batch, "batch_size"
+        self.rows_per_batch = clamped_batch(self.batch, questions, cfg.task.name)
+        planned = sizing_of(cfg.method) == "auto"
+        self.label = method_label(cfg.method.name, sizing_of(cfg.method))
+        self.method_is_baseline = cfg.method.get("drafter") is None
+        self.context = context_window(model)
+        # first: refuses a model it cannot serve before any drafter setup
+        baseline_engine = SpeculativeEngine(model, None, sampling)
+        self.run_profile = profile_for_run(cfg, model, device, make=planned)
+        self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
+        drafter = build_drafter(cfg.method, model, tokenizer, sampling)
+        self.gpu = GpuMonitor(device)
+        energy = self.gpu.energy_joules if self.gpu.energy_source else None  # joules per turn, where NVML can tell
+        parts = DecoderParts(tokenizer, self.stop, device, self.context, cfg.repeats, energy)
+        self.decoders = dict(zip((METHOD, BASELINE), decoders(
+            model, drafter, sampling, self.run_profile if planned else None, self.batch, baseline_engine, parts)))
+        self.key_inputs = engine_key_inputs(cfg, device, self.decoders[METHOD].engine.drafter)
+        self._tie_judge = None  # loaded at the first divergence: model.tie_check_dtype's copy of the target
+
+    def tie_judge(self):
+        """The model that decides numeric ties: a copy of the target in model.tie_check_dtype, else the target."""
+        if self._tie_judge is None:
+            copy = load_check_model(self.cfg.model, self.device, self.cfg.model.get("tie_check_dtype"))
+            self._tie_judge = self.model if copy is None else copy
+        return self._tie_judge
+
+    def warm_up(self, side: str, todo: list[dict]) -> None:
+        """Untimed decoding of the first question that fits (cfg.warmup_tokens new tokens, never more rows than
+        the first real batch)."""
+        cfg, context = self.cfg, self.context
+        warm_prompts = (build_prompt(self.tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
+        warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
+        if warm_prompt is None:
+            return
+        warm_stop = StopCondition(cfg.warmup_tokens, self.stop.eos_token_ids)
+        engine = self.decoders[side].engine
+        if self.batch == 1:
+            engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
+        else:
+            warm_rows = min(self.rows_per_batch, len(todo))
+            engine.generate([warm_prompt] * warm_rows, warm_stop, [cfg.seed] * warm_rows)
+
+    def answer(self, side: str, group: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
+        results = decode_group(self.decoders[side], group, seeds)
+        self.gpu.sample()
+        return results
+
+    def divergence(self, turns: list[dict], baseline: dict) -> dict | None:
+        return find_divergence(self.model, turns, baseline, self.cfg.model.tie_margin, self.tie_judge())
+
+    def provenance(self, started: float) -> dict:
+        return run_metadata(self.cfg, self.device, started, self.gpu)
+
+    def summary_facts(self, summary: pd.DataFrame | None) -> dict:
+        profile = None if self.run_profile is None else self.run_profile.__dict__
+        return {"profile": profile, **starvation_facts(summary, self.cfg.starvation_threshold)}
+
+    def heading(self) -> str:
+        model = self.cfg.model
+        return f"{self.label} on {self.cfg.task.name} ({model.name}, {model.dtype}, {self.device})"
+
+    def closing_columns(self, summary: pd.DataFrame) -> list[str]:
+        """SUMMARY_COLUMNS, and the joules per token where energy was measured."""
+        energy = ["joules_per_token", "baseline_joules_per_token"] if summary.joules_per_token.notna().any() else []
+        return SUMMARY_COLUMNS + energy
+
+    def closing_notes(self, summary: pd.DataFrame) -> list[str]:
+        return [verdict(summary.cpu_share.iloc[-1], self.cfg.starvation_threshold)]
+
+
+def clamped_batch(batch: int, questions: int, task: str) -> int:
+    """Rows per batch: gen.batch_size, or the task's question count when that is smaller (said once on stderr)."""
+    if batch <= questions:
+        return batch
+    print(f"note: gen.batch_size={batch} > the {questions} question(s) of task '{task}': decoding them "
+          f"{questions} at a time", file=sys.stderr)
+    return questions
