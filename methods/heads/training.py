@@ -165,9 +165,8 @@ def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary,
 
 
 def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
-    """One training stint of a method's heads, stage by stage: its settings read once, the feature cache made (from
-    the target's own answers under features.source=self_distill) and read, the training loop (or, with
-    train.minutes=0, the committed head evaluated); returns the checkpoint folder."""
+    """One training stint of a method's heads, stage by stage (see the module docstring); with train.minutes=0 the
+    committed head evaluated instead. Returns the checkpoint folder."""
     torch.manual_seed(cfg.seed)
     cfg.model.dtype = "float32"  # features and master weights; the drafter casts to the run's dtype
     target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
@@ -175,29 +174,22 @@ def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
     if hasattr(recipe, "feature_layers"):  # EAGLE-3: the three target layers its head fuses
         cfg.features.layers = recipe.feature_layers(target)
     features, settings = FeatureSettings.from_config(cfg), TrainSettings.from_config(cfg)
-    if settings.minutes == 0:
-        _, heldout = cached_features(target, tokenizer, features, heldout_only=True)
-        return evaluate_committed(recipe, target, heldout, features, settings)
-    dtype = stint_dtype(recipe, settings)
-    train_set, heldout = cached_features(target, tokenizer, features, soft_top_k=getattr(recipe, "soft_top_k", 0))
-    return train_stint(recipe, target, tokenizer, train_set, heldout, features, settings, dtype)
-
-
-def cached_features(target, tokenizer, settings: FeatureSettings, heldout_only: bool = False,
-                    soft_top_k: int = 0) -> tuple[Features | None, Features]:
-    """The answers and feature-cache stages: the cache made (or completed) from its sequences, the target's own
-    answers (features.source=self_distill; generated when the cache first asks for one) or ShareGPT's, and read:
-    (train set, None with `heldout_only`; held-out set)."""
-    if settings.answers is not None:
-        sequences = answer_sequences(target, tokenizer, settings.answers, settings.seq_len)
+    evaluating = settings.minutes == 0  # nothing trained or written: the held-out shards are all it needs
+    dtype = None if evaluating else stint_dtype(recipe, settings)  # a stint that cannot run is refused first
+    soft_top_k = 0 if evaluating else getattr(recipe, "soft_top_k", 0)
+    if features.answers is not None:  # 1. the target's own answers, generated when the cache first reads one
+        sequences = answer_sequences(target, tokenizer, features.answers, features.seq_len)
     else:
-        sequences = sharegpt_sequences(tokenizer, settings)
-    build_feature_cache(target, sequences, settings, heldout_only, soft_top_k)
-    return load_features(settings, heldout_only, soft_top_k)
+        sequences = sharegpt_sequences(tokenizer, features)
+    build_feature_cache(target, sequences, features, evaluating, soft_top_k)  # 2. the feature cache
+    train_set, heldout = load_features(features, evaluating, soft_top_k)
+    if evaluating:
+        return evaluate_committed(recipe, target, heldout, features, settings)
+    return train_stint(recipe, target, tokenizer, train_set, heldout, features, settings, dtype)  # 3. training
 
 
 def stint_dtype(recipe: Recipe, settings: TrainSettings) -> torch.dtype:
-    """The stint's autocast dtype, once a stint that cannot run is refused (before the feature cache is made)."""
+    """The stint's autocast dtype (train.dtype), once a stint that cannot run is refused."""
     if settings.resume and hasattr(recipe, "save"):
         raise ConfigError(f"train.resume=true continues this project's own head format, not {type(recipe).__name__}'s; "
                           f"set train.resume=false")
