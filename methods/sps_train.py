@@ -34,9 +34,10 @@ from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import ConfigError, MissingArtifactError
 from bench.models import load_model
 from methods.heads.common import read_json, read_tensors, save_atomically
+from methods.heads.self_distill import answer_sequences
+from methods.heads.settings import AnswerSettings
 from methods.heads.training import (TRAIN_STATE, autocast, cumulative, earlier_stints, learning_rate,
-                                    matching_train_state, save_train_state, stint_minutes, stint_record,
-                                    training_dtype)
+                                    matching_train_state, save_train_state, stint_record, training_dtype)
 from methods.sps import DraftModelDrafter, load_draft, own_state, resolve_draft_path, save_draft, slice_target
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
@@ -115,9 +116,7 @@ def sharegpt_batches(tokenizer, tcfg: DictConfig, start: int, device) -> Iterato
 def split_answers(target, tokenizer, cfg: DictConfig) -> tuple[list, list]:
     """(held-out, training) blocks of the target's own answers (generated first when missing); the first
     features.heldout_shards shards are held out, as the heads' feature caches hold them out."""
-    from methods.heads.self_distill import self_distill_sequences
-
-    blocks = list(self_distill_sequences(target, tokenizer, cfg))
+    blocks = list(answer_sequences(target, tokenizer, AnswerSettings.from_config(cfg), cfg.features.seq_len))
     heldout = cfg.features.heldout_shards * cfg.features.shard_sequences
     if len(blocks) <= heldout:
         raise ConfigError(f"features.self_distill.num_prompts={cfg.features.self_distill.num_prompts} leaves no "
@@ -166,7 +165,7 @@ def train(cfg: DictConfig) -> Path:
     if source not in ("sharegpt", "self_distill"):
         raise ConfigError(f"features.source={source}: the SpS draft trains on sharegpt or self_distill")
     heldout, answers = split_answers(target, tokenizer, cfg) if source == "self_distill" else (None, None)
-    if stint_minutes(tcfg) == 0:  # the committed draft's acceptance (and agreement), nothing written
+    if tcfg.minutes == 0:  # the committed draft's acceptance (and agreement), nothing written
         draft = load_draft(out_dir, target)
         agreement = {"answer_agreement": answer_agreement(draft, heldout), "heldout_answers": len(heldout)} if heldout else {}
         print(json.dumps({"checkpoint": str(out_dir), "mean_accepted_tokens": mean_accepted_tokens(
@@ -304,7 +303,7 @@ def train_steps(tcfg: DictConfig, target, draft, batches, optimizer, params, sta
     from tqdm import tqdm
 
     started = time.time()
-    budget = stint_minutes(tcfg) * 60
+    budget = float(tcfg.minutes) * 60
     last_checkpoint = time.time()
     bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
                bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")

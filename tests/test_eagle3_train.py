@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from bench.models import load_model
 from methods.eagle3 import Eagle3Drafter, Eagle3Recipe, Eagle3Vocabulary, eagle3_feature_layers, load_eagle3
 from methods.heads.features import Features, load_features, soft_targets
+from methods.heads.settings import FeatureSettings
 from methods.heads.training import train_heads, train_step
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless
@@ -156,7 +157,7 @@ def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_lo
     cfg.model.dtype = "float64"  # rules out rounding flips in the lossless check
     model, _ = load_model(cfg.model, torch.device("cpu"))
     head, _ = load_eagle3(out_dir, model)  # strict: raises on any missing or unexpected key
-    train_set, _ = load_features(cfg)
+    train_set, _ = load_features(FeatureSettings.from_config(cfg))
     labels = train_set.labels[train_set.mask]
     draft_ids = head.d2t + torch.arange(64)
     assert head.t2d.sum() == 64 and head.t2d[draft_ids].all()

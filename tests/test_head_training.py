@@ -1,4 +1,5 @@
-"""The shared trained-head pipeline: feature cache (methods/heads/features.py) and training loop (methods/heads/training.py)."""
+"""The shared trained-head pipeline: feature cache (methods/heads/features.py) and training loop
+(methods/heads/training.py)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 
-from methods.heads.features import build_feature_cache, load_features, render_with_assistant_mask
 from bench.artifacts import PROJECT_ROOT
 from bench.models import load_model
+from methods.heads.features import build_feature_cache, load_features, render_with_assistant_mask, sharegpt_sequences
+from methods.heads.settings import FeatureSettings
 
 REPLY = ("Speculative decoding drafts several tokens cheaply and verifies them in one forward of the target model, "
          "so that the output is exactly what the target alone would write, only sooner. ")
@@ -37,6 +39,12 @@ def train_config(checkpoint, corpus, tmp_path, method: str, *overrides: str):
             f"method.drafter.checkpoint={tmp_path / 'heads'}", *overrides])
 
 
+def build_cache(target, tokenizer, cfg, soft_top_k: int = 0):
+    """The feature cache of `cfg`'s settings made (or completed) from ShareGPT's sequences; its folder."""
+    settings = FeatureSettings.from_config(cfg)
+    return build_feature_cache(target, sharegpt_sequences(tokenizer, settings), settings, soft_top_k=soft_top_k)
+
+
 def test_assistant_mask_covers_exactly_the_assistant_turns(tiny_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     ids, mask = render_with_assistant_mask(tokenizer, [{"role": "user", "content": "Hi there"},
@@ -51,9 +59,9 @@ def test_assistant_mask_covers_exactly_the_assistant_turns(tiny_checkpoint):
 def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_checkpoint, corpus, tmp_path, one_thread):
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa")
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    folder = build_feature_cache(target, tokenizer, cfg)
+    folder = build_cache(target, tokenizer, cfg)
     assert sorted(p.name for p in folder.glob("shard-*.pt")) == [f"shard-0000{i}.pt" for i in range(4)]
-    train_set, heldout = load_features(cfg)
+    train_set, heldout = load_features(FeatureSettings.from_config(cfg))
     assert len(train_set) == 6 and len(heldout) == 2 and train_set.hidden.dtype == torch.bfloat16
     assert json.loads((folder / "meta.json").read_text())["settings"]["dtype"] == "bfloat16"
     with torch.inference_mode():
@@ -64,10 +72,10 @@ def test_feature_cache_holds_the_targets_features_and_argmax_and_resumes(tiny_ch
 
     (folder / "shard-00003.pt").unlink()  # an interrupted build: the rerun makes only what is missing
     before = (folder / "shard-00000.pt").stat().st_mtime_ns
-    build_feature_cache(target, tokenizer, cfg)
+    build_cache(target, tokenizer, cfg)
     assert (folder / "shard-00003.pt").exists() and (folder / "shard-00000.pt").stat().st_mtime_ns == before
     with pytest.raises(ValueError, match="other settings"):
-        build_feature_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
+        build_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
                                                             "features.max_blocks_per_conversation=1"))
 
 
@@ -77,13 +85,13 @@ def test_soft_targets_are_added_to_an_existing_cache_by_one_forward_over_its_ids
     that lacks them without touching its shards, and made with the shards when a cache is new."""
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa")
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    folder = build_feature_cache(target, tokenizer, cfg)
+    folder = build_cache(target, tokenizer, cfg)
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.pt")}
-    assert load_features(cfg)[1].soft_ids is None
-    build_feature_cache(target, tokenizer, cfg, soft_top_k=5)
+    assert load_features(FeatureSettings.from_config(cfg))[1].soft_ids is None
+    build_cache(target, tokenizer, cfg, soft_top_k=5)
     assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.pt")} == stamps
     assert sorted(p.name for p in folder.glob("soft5-*.pt")) == [f"soft5-0000{i}.pt" for i in range(4)]
-    train_set, heldout = load_features(cfg, soft_top_k=5)
+    train_set, heldout = load_features(FeatureSettings.from_config(cfg), soft_top_k=5)
     assert train_set.soft_ids.shape == (6, 32, 5) and heldout.soft_logprobs.dtype == torch.float32
     with torch.inference_mode():
         logprobs = target(input_ids=heldout.input_ids).logits.log_softmax(-1)
@@ -93,8 +101,8 @@ def test_soft_targets_are_added_to_an_existing_cache_by_one_forward_over_its_ids
 
     (folder / "shard-00003.pt").unlink()
     (folder / "soft5-00003.pt").unlink()
-    build_feature_cache(target, tokenizer, cfg, soft_top_k=5)  # a new shard is made with its soft targets
-    assert torch.equal(load_features(cfg, soft_top_k=5)[0].soft_ids, train_set.soft_ids)
+    build_cache(target, tokenizer, cfg, soft_top_k=5)  # a new shard is made with its soft targets
+    assert torch.equal(load_features(FeatureSettings.from_config(cfg), soft_top_k=5)[0].soft_ids, train_set.soft_ids)
 
 
 def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_bfloat16(tiny_checkpoint, corpus,
@@ -103,15 +111,15 @@ def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_b
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "features.dtype=float16")
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    folder = build_feature_cache(target, tokenizer, cfg)
+    folder = build_cache(target, tokenizer, cfg)
     meta = json.loads((folder / "meta.json").read_text())
     for key in ("dtype", "source"):  # as a cache made before these settings existed
         del meta["settings"][key]
     (folder / "meta.json").write_text(json.dumps(meta))
-    build_feature_cache(target, tokenizer, cfg)  # read as the float16 cache it is
-    assert load_features(cfg)[1].hidden.dtype == torch.float16
+    build_cache(target, tokenizer, cfg)  # read as the float16 cache it is
+    assert load_features(FeatureSettings.from_config(cfg))[1].hidden.dtype == torch.float16
     with pytest.raises(ConfigError, match=r"other settings \(dtype: float16 there\)"):
-        build_feature_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
+        build_cache(target, tokenizer, train_config(tiny_checkpoint, corpus, tmp_path, "medusa",
                                                             "features.dtype=bfloat16"))
     from omegaconf import OmegaConf
 
@@ -120,9 +128,9 @@ def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_b
 
 
 def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
-    from methods.medusa import MedusaDrafter
     from methods.heads.medusa_heads import MedusaRecipe
     from methods.heads.training import train_heads
+    from methods.medusa import MedusaDrafter
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
@@ -159,8 +167,8 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
 
 
 def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
-    from methods.hydra import HydraDrafter, HydraRecipe
     from methods.heads.training import train_heads
+    from methods.hydra import HydraDrafter, HydraRecipe
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")

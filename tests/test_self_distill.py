@@ -8,8 +8,14 @@ import torch
 
 from bench.models import eos_token_ids, load_model
 from methods.heads.features import build_feature_cache, load_features
-from methods.heads.self_distill import (answer_block, answers_folder, first_turn_prompts, generate_answers,
-                                        stored_answers)
+from methods.heads.self_distill import (
+    answer_block,
+    answer_sequences,
+    first_turn_prompts,
+    generate_answers,
+    stored_answers,
+)
+from methods.heads.settings import AnswerSettings, FeatureSettings
 from tests.conftest import generate_tokens
 from tests.test_head_training import corpus, train_config  # noqa: F401 (a fixture)
 
@@ -27,8 +33,9 @@ def test_answers_are_the_targets_own_greedy_generate_output_and_resume_by_shard(
                                                                                one_thread):
     cfg = distill_config(tiny_checkpoint, corpus, tmp_path)
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    folder = generate_answers(target, tokenizer, cfg)
-    pairs = list(stored_answers(cfg))
+    settings = AnswerSettings.from_config(cfg)
+    folder = generate_answers(target, tokenizer, settings)
+    pairs = list(stored_answers(settings))
     prompts = [p for _, p in zip(range(4), first_turn_prompts(tokenizer, 64, str(corpus)))]
     assert [p for p, _ in pairs] == prompts and len({len(p) for p in prompts}) > 1  # batches mix prompt lengths
     eos = frozenset(eos_token_ids(target, tokenizer))
@@ -39,20 +46,21 @@ def test_answers_are_the_targets_own_greedy_generate_output_and_resume_by_shard(
 
     (folder / "answers-00001.pt").unlink()
     before = (folder / "answers-00000.pt").stat().st_mtime_ns
-    generate_answers(target, tokenizer, cfg)
-    assert list(stored_answers(cfg)) == pairs and (folder / "answers-00000.pt").stat().st_mtime_ns == before
-    assert answers_folder(cfg) == folder
+    generate_answers(target, tokenizer, settings)
+    assert list(stored_answers(settings)) == pairs and (folder / "answers-00000.pt").stat().st_mtime_ns == before
+    assert folder == tmp_path / "answers"
 
 
 def test_self_distilled_features_train_on_the_answer_positions(tiny_checkpoint, corpus, tmp_path, one_thread):
     cfg = distill_config(tiny_checkpoint, corpus, tmp_path, "features.seq_len=64",
                          "features.self_distill.max_prompt_tokens=58")  # prompt + answer fit: no context cut
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    build_feature_cache(target, tokenizer, cfg)
-    train_set, heldout = load_features(cfg)
+    settings = FeatureSettings.from_config(cfg)
+    build_feature_cache(target, answer_sequences(target, tokenizer, settings.answers, settings.seq_len), settings)
+    train_set, heldout = load_features(settings)
     assert len(train_set) == 2 and len(heldout) == 2
     features = [heldout, train_set]
-    for row, (prompt, answer) in enumerate(stored_answers(cfg)):
+    for row, (prompt, answer) in enumerate(stored_answers(settings.answers)):
         part = features[row // 2]
         ids, mask, labels = part.input_ids[row % 2], part.mask[row % 2], part.labels[row % 2]
         assert ids[: len(prompt) + len(answer)].tolist() == prompt + answer
@@ -85,7 +93,8 @@ def test_the_sps_drafts_answer_loss_and_agreement_are_those_of_its_full_logits(t
     assert answer_agreement(slice_target(target, list(range(target.config.num_hidden_layers))), heldout) == 1.0
     draft = slice_target(target, [0])
     ids, mask = block_tensors(train_blocks, "cpu")
-    assert ids.shape[1] == max(len(p) + len(a) for p, a in list(stored_answers(cfg))[2:])  # cut after the longest
+    longest = max(len(p) + len(a) for p, a in list(stored_answers(AnswerSettings.from_config(cfg)))[2:])
+    assert ids.shape[1] == longest  # cut after the longest
     with torch.no_grad():
         logits = draft(input_ids=ids).logits
     labels = torch.stack([ids[b, p + 1] for b, p in mask.nonzero().tolist()])
@@ -123,6 +132,6 @@ def test_an_sps_stint_on_self_distilled_answers_records_its_data_and_agreement(t
     assert "cross-entropy on the target's own greedy answer tokens" in card["objective"]
     agreement = card["mean_accepted_tokens"]["answer_agreement"]
     assert 0.0 <= agreement["before"] <= 1.0 and 0.0 <= agreement["after"] <= 1.0
-    longest = max(len(p) + len(a) for p, a in list(stored_answers(
-        sps_distill_config(tiny_checkpoint, corpus, tmp_path)))[2:])
-    assert stint["tokens"] == card["tokens_seen"] == 3 * 2 * longest  # each batch holds both answers, cut after the longer
+    longest = max(len(p) + len(a) for p, a in list(stored_answers(AnswerSettings.from_config(
+        sps_distill_config(tiny_checkpoint, corpus, tmp_path))))[2:])
+    assert stint["tokens"] == card["tokens_seen"] == 3 * 2 * longest  # a batch: both answers, cut after the longer

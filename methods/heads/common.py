@@ -23,9 +23,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from bench.artifacts import resolve_artifact_path
 from bench.engine.drafter import Drafter
 from bench.errors import InvalidArtifactError, MissingArtifactError
-from bench.artifacts import resolve_artifact_path
 
 
 class ResBlock(nn.Module):

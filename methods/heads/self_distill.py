@@ -1,4 +1,6 @@
-"""Self-distillation data (`features.source=self_distill`): the target's own greedy answers to ShareGPT prompts.
+"""Stage 1 of training, self-distillation (`features.source=self_distill`): the target's own greedy answers to
+ShareGPT prompts, read from `AnswerSettings` and handed on as training sequences (`answer_sequences`) to the
+feature cache (methods/heads/features.py) or the SpS draft's trainer (methods/sps_train.py).
 
 Medusa-2 and EAGLE recommend training heads on what the target itself writes, not on ShareGPT's ChatGPT answers:
 the heads then learn the distribution they will draft for. The prompts are the first user turns of the ShareGPT
@@ -15,30 +17,20 @@ when shorter) with the mask on the positions whose next token is part of the ans
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from bench.corpora import sharegpt_conversations
 from bench.errors import ConfigError
 from bench.models import eos_token_ids
 from methods.heads.common import save_atomically
+from methods.heads.settings import AnswerSettings
 
 
-def answer_settings(cfg: DictConfig) -> dict:
-    """What decides the answers (their meta.json): model, corpus, prompt filter, answer length, shard size."""
-    scfg = cfg.features.self_distill
-    return {"model": {key: cfg.model.get(key) for key in ("name", "path", "package", "gguf_file", "dtype")},
-            "corpus": cfg.features.get("corpus") or "ShareGPT_V3_unfiltered_cleaned_split.json",
-            "max_prompt_tokens": scfg.max_prompt_tokens, "max_new_tokens": scfg.max_new_tokens,
-            "shard_prompts": cfg.features.shard_sequences}
-
-
-def answers_folder(cfg: DictConfig) -> Path:
-    return Path(os.path.expanduser(cfg.features.self_distill.dir))
+def answer_path(folder: Path, shard: int) -> Path:
+    return folder / f"answers-{shard:05d}.pt"
 
 
 def first_turn_prompts(tokenizer, max_tokens: int, corpus: str | None = None) -> Iterator[list[int]]:
@@ -54,7 +46,8 @@ def first_turn_prompts(tokenizer, max_tokens: int, corpus: str | None = None) ->
 
 
 @torch.inference_mode()
-def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int, eos: set[int], pad_id: int) -> list[list[int]]:
+def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int, eos: set[int],
+                   pad_id: int) -> list[list[int]]:
     """The target's greedy continuation of each prompt (batched, left-padded), up to and including its first EOS."""
     from transformers import GenerationConfig
 
@@ -74,23 +67,21 @@ def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int, eos: s
     return answers
 
 
-def generate_answers(target, tokenizer, cfg: DictConfig) -> Path:
-    """Make (or complete) the answer shards for features.self_distill.num_prompts prompts; returns their folder."""
+def generate_answers(target, tokenizer, settings: AnswerSettings) -> Path:
+    """Make (or complete) the answer shards for `settings.num_prompts` prompts; returns their folder."""
     from tqdm import tqdm
 
-    scfg, shard_size = cfg.features.self_distill, cfg.features.shard_sequences
-    folder, settings = answers_folder(cfg), answer_settings(cfg)
+    folder, shard_size, shards = settings.folder, settings.shard_prompts, settings.shards
     folder.mkdir(parents=True, exist_ok=True)
     meta = folder / "meta.json"
-    if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
+    if meta.exists() and json.loads(meta.read_text())["settings"] != settings.pins():
         raise ConfigError(f"self-distillation answers in {folder} were made with other settings; delete them or set "
                           f"features.self_distill.dir")
-    meta.write_text(json.dumps({"settings": settings}, indent=1) + "\n")
-    shards = -(-scfg.num_prompts // shard_size)
-    done = sum(1 for i in range(shards) if (folder / f"answers-{i:05d}.pt").exists())
+    meta.write_text(json.dumps({"settings": settings.pins()}, indent=1) + "\n")
+    done = sum(1 for i in range(shards) if answer_path(folder, i).exists())
     if done == shards:
         return folder
-    prompts = first_turn_prompts(tokenizer, scfg.max_prompt_tokens, cfg.features.get("corpus"))
+    prompts = first_turn_prompts(tokenizer, settings.max_prompt_tokens, settings.corpus)
     for _ in range(done * shard_size):  # skip what earlier runs answered
         next(prompts)
     eos = eos_token_ids(target, tokenizer)
@@ -99,32 +90,32 @@ def generate_answers(target, tokenizer, cfg: DictConfig) -> Path:
     for shard in range(done, shards):
         batch = [p for _, p in zip(range(shard_size), prompts)]
         if len(batch) < shard_size:
-            raise ConfigError(f"ShareGPT ran out of first turns of at most {scfg.max_prompt_tokens} tokens after "
+            raise ConfigError(f"ShareGPT ran out of first turns of at most {settings.max_prompt_tokens} tokens after "
                               f"{shard * shard_size + len(batch)}; lower features.self_distill.num_prompts")
-        answers = answer_shard(target, batch, scfg, eos, pad_id, bar)
-        save_atomically({"prompts": batch, "answers": answers}, folder / f"answers-{shard:05d}.pt")
+        answers = answer_shard(target, batch, settings, eos, pad_id, bar)
+        save_atomically({"prompts": batch, "answers": answers}, answer_path(folder, shard))
     bar.close()
     return folder
 
 
-def answer_shard(target, prompts: list[list[int]], scfg: DictConfig, eos: set[int], pad_id: int, bar) -> list[list[int]]:
+def answer_shard(target, prompts: list[list[int]], settings: AnswerSettings, eos: set[int], pad_id: int,
+                 bar) -> list[list[int]]:
     """Answers to one shard's prompts in its order, generated in batches of similar length."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: list[list[int] | None] = [None] * len(prompts)
-    for start in range(0, len(order), scfg.batch_size):
-        rows = order[start : start + scfg.batch_size]
-        for row, answer in zip(rows, greedy_answers(target, [prompts[i] for i in rows], scfg.max_new_tokens, eos,
+    for start in range(0, len(order), settings.batch_size):
+        rows = order[start : start + settings.batch_size]
+        for row, answer in zip(rows, greedy_answers(target, [prompts[i] for i in rows], settings.max_new_tokens, eos,
                                                     pad_id)):
             answers[row] = answer
         bar.update(len(rows))
     return answers
 
 
-def stored_answers(cfg: DictConfig) -> Iterator[tuple[list[int], list[int]]]:
+def stored_answers(settings: AnswerSettings) -> Iterator[tuple[list[int], list[int]]]:
     """(prompt, answer) pairs of the answer shards, in order."""
-    folder, shard_size = answers_folder(cfg), cfg.features.shard_sequences
-    for shard in range(-(-cfg.features.self_distill.num_prompts // shard_size)):
-        saved = torch.load(folder / f"answers-{shard:05d}.pt")
+    for shard in range(settings.shards):
+        saved = torch.load(answer_path(settings.folder, shard))
         yield from zip(saved["prompts"], saved["answers"])
 
 
@@ -132,16 +123,19 @@ def answer_block(prompt: list[int], answer: list[int], seq_len: int, pad_id: int
     """(ids, mask) of one prompt + answer as a seq_len block: the last seq_len tokens, right-padded with pad_id;
     mask[p] is true where token p + 1 belongs to the answer."""
     ids = (prompt + answer)[-seq_len:]
-    last_prompt = len(prompt) - 1 - (len(prompt) + len(answer) - len(ids))  # the last prompt token's index after the cut
+    last_prompt = len(prompt) - 1 - (len(prompt) + len(answer) - len(ids))  # the last prompt token's index, cut
     mask = [max(last_prompt, 0) <= p < len(ids) - 1 for p in range(len(ids))]
     padding = seq_len - len(ids)
     return ids + [pad_id] * padding, mask + [False] * padding
 
 
-def self_distill_sequences(target, tokenizer, cfg: DictConfig) -> Iterator[tuple[list[int], list[bool]]]:
-    """The feature cache's sequences under features.source=self_distill (answers generated first when missing)."""
-    generate_answers(target, tokenizer, cfg)
+def answer_sequences(target, tokenizer, settings: AnswerSettings,
+                     seq_len: int) -> Iterator[tuple[list[int], list[bool]]]:
+    """The answers as (ids, mask) training sequences of seq_len tokens (answer_block), in order: what a feature cache
+    of features.source=self_distill and the SpS draft train on. Lazy: the answers are generated (or completed) when
+    the first sequence is asked for, so a complete feature cache never needs them."""
+    generate_answers(target, tokenizer, settings)
     eos = eos_token_ids(target, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
-    for prompt, answer in stored_answers(cfg):
-        yield answer_block(prompt, answer, cfg.features.seq_len, pad_id)
+    for prompt, answer in stored_answers(settings):
+        yield answer_block(prompt, answer, seq_len, pad_id)

@@ -1,10 +1,16 @@
-"""The one training loop of the trained-head drafters (Medusa, EAGLE, Hydra).
+"""The one training loop of the trained-head drafters (Medusa, EAGLE, Hydra), and `train_heads`, which runs the stages:
 
     python -m bench.train method=<medusa|eagle|hydra> [model=<model>] [train.<key>=...]
 
-corpus -> the target's features and own next-token predictions, cached once (methods/heads/features.py) -> the method's
-head module and loss (its `recipe`, e.g. methods.medusa.MedusaRecipe) trained with the target frozen -> a
-checkpoint folder with a card.json. Training runs in stints of `train.minutes` (alias `train.max_minutes`):
+1. answers (features.source=self_distill only; methods/heads/self_distill.py): the target's own greedy answers to
+   ShareGPT first turns, handed on as training sequences;
+2. the feature cache (methods/heads/features.py): those sequences, or ShareGPT's, with the target's features and
+   own next-token predictions, cached once and handed on as `Features`;
+3. the training loop (here): the method's head module and loss (its `recipe`, e.g. methods.medusa.MedusaRecipe)
+   trained with the target frozen -> a checkpoint folder with a card.json.
+
+Each stage reads its typed settings (methods/heads/settings.py), made once from the config by `train_heads`, and
+none calls back into an earlier one. Training runs in stints of `train.minutes`:
 
 - `train.resume=false` (default): a new head from scratch, written over `train.out_dir`.
 - `train.resume=true`: the committed head in `train.out_dir` trained on for another stint. With the optimizer state
@@ -39,12 +45,21 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from bench.artifacts import artifact_fingerprint, resolve_artifact_path
+from bench.artifacts import artifact_fingerprint
 from bench.errors import ConfigError, MissingArtifactError
 from bench.models import BFLOAT16_CPU_FLAGS, bfloat16_flags, cpu_bfloat16_support, load_model
-from methods.heads.common import (DraftVocabulary, load_strictly, most_frequent_tokens, read_heads, read_json,
-                                  save_atomically, save_heads)
-from methods.heads.features import Features, build_feature_cache, cache_folder, data_record, load_features
+from methods.heads.common import (
+    DraftVocabulary,
+    load_strictly,
+    most_frequent_tokens,
+    read_heads,
+    read_json,
+    save_atomically,
+    save_heads,
+)
+from methods.heads.features import Features, build_feature_cache, data_record, load_features, sharegpt_sequences
+from methods.heads.self_distill import answer_sequences
+from methods.heads.settings import FeatureSettings, TrainSettings
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
 TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
@@ -57,7 +72,8 @@ class Recipe(Protocol):
 
     def build(self, target, tcfg: DictConfig) -> nn.Module: ...
 
-    def loss(self, module: nn.Module, vocab: DraftVocabulary, batch: Features, target) -> tuple[torch.Tensor, HeadOutputs]: ...
+    def loss(self, module: nn.Module, vocab: DraftVocabulary, batch: Features,
+             target) -> tuple[torch.Tensor, HeadOutputs]: ...
 
     def checkpoint_config(self, module: nn.Module, tcfg: DictConfig) -> dict: ...
 
@@ -78,11 +94,13 @@ def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | Non
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
     else:
-        supported = device.type == "cpu" and bool(cpu_bfloat16_support() if cpuinfo is None else bfloat16_flags(cpuinfo))
+        supported = device.type == "cpu" and bool(cpu_bfloat16_support() if cpuinfo is None
+                                                  else bfloat16_flags(cpuinfo))
     if supported:
         return torch.bfloat16
     print(f"note: training in float32: this {device.type} has no bfloat16 matrix instructions "
-          f"({' / '.join(BFLOAT16_CPU_FLAGS)} not in /proc/cpuinfo); train.dtype=bfloat16 forces autocast", file=sys.stderr)
+          f"({' / '.join(BFLOAT16_CPU_FLAGS)} not in /proc/cpuinfo); train.dtype=bfloat16 forces autocast",
+          file=sys.stderr)
     return torch.float32
 
 
@@ -92,17 +110,12 @@ def autocast(dtype: torch.dtype, device: torch.device):
                           enabled=dtype != torch.float32)
 
 
-def stint_minutes(tcfg: DictConfig) -> float:
-    """This stint's training minutes: `train.max_minutes` when given (the older name), else `train.minutes`."""
-    alias = tcfg.get("max_minutes")
-    return float(tcfg.minutes if alias is None else alias)
-
-
-def learning_rate(tcfg: DictConfig, step: int, progress: float) -> float:
-    """Linear warm-up, then cosine from lr down to lr/10 as progress (the larger of the step and time fractions) -> 1."""
-    if step < tcfg.warmup_steps:
-        return tcfg.lr * (step + 1) / tcfg.warmup_steps
-    return tcfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+def learning_rate(schedule: TrainSettings | DictConfig, step: int, progress: float) -> float:
+    """Linear warm-up over `schedule.warmup_steps`, then cosine from `schedule.lr` down to a tenth of it as progress
+    (the larger of the step and time fractions) -> 1. (The SpS trainer passes its `train` node.)"""
+    if step < schedule.warmup_steps:
+        return schedule.lr * (step + 1) / schedule.warmup_steps
+    return schedule.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def batch_on(features: Features, index: torch.Tensor, device: torch.device) -> Features:
@@ -152,60 +165,76 @@ def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary,
 
 
 def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
-    """One training stint of a method's heads (see the module docstring); returns the checkpoint folder."""
-    tcfg = cfg.train
+    """One training stint of a method's heads, stage by stage (see the module docstring); with train.minutes=0 the
+    committed head evaluated instead. Returns the checkpoint folder."""
     torch.manual_seed(cfg.seed)
     cfg.model.dtype = "float32"  # features and master weights; the drafter casts to the run's dtype
-    device = torch.device(cfg.device)
-    target, tokenizer = load_model(cfg.model, device)
+    target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
     target.requires_grad_(False)
     if hasattr(recipe, "feature_layers"):  # EAGLE-3: the three target layers its head fuses
         cfg.features.layers = recipe.feature_layers(target)
-    out_dir = resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)
-    if stint_minutes(tcfg) == 0:
-        return evaluate_committed(cfg, recipe, target, tokenizer, out_dir)
-    if tcfg.resume and hasattr(recipe, "save"):
+    features, settings = FeatureSettings.from_config(cfg), TrainSettings.from_config(cfg)
+    evaluating = settings.minutes == 0  # nothing trained or written: the held-out shards are all it needs
+    dtype = None if evaluating else stint_dtype(recipe, settings)  # a stint that cannot run is refused first
+    soft_top_k = 0 if evaluating else getattr(recipe, "soft_top_k", 0)
+    if features.answers is not None:  # 1. the target's own answers, generated when the cache first reads one
+        sequences = answer_sequences(target, tokenizer, features.answers, features.seq_len)
+    else:
+        sequences = sharegpt_sequences(tokenizer, features)
+    build_feature_cache(target, sequences, features, evaluating, soft_top_k)  # 2. the feature cache
+    train_set, heldout = load_features(features, evaluating, soft_top_k)
+    if evaluating:
+        return evaluate_committed(recipe, target, heldout, features, settings)
+    return train_stint(recipe, target, tokenizer, train_set, heldout, features, settings, dtype)  # 3. training
+
+
+def stint_dtype(recipe: Recipe, settings: TrainSettings) -> torch.dtype:
+    """The stint's autocast dtype (train.dtype), once a stint that cannot run is refused."""
+    if settings.resume and hasattr(recipe, "save"):
         raise ConfigError(f"train.resume=true continues this project's own head format, not {type(recipe).__name__}'s; "
                           f"set train.resume=false")
-    dtype = training_dtype(tcfg.get("dtype"), device)
-    soft_top_k = getattr(recipe, "soft_top_k", 0)
-    build_feature_cache(target, tokenizer, cfg, soft_top_k=soft_top_k)
-    train_set, heldout = load_features(cfg, soft_top_k=soft_top_k)
-    module = recipe.build(target, tcfg).to(device)
-    committed = load_committed(out_dir, recipe, module, tcfg) if tcfg.resume else None
-    vocab_ids = committed["vocab_ids"] if committed else draft_vocabulary_ids(tcfg, train_set, target, tokenizer)
+    return training_dtype(settings.dtype, torch.device(settings.device))
+
+
+def train_stint(recipe: Recipe, target, tokenizer, train_set: Features, heldout: Features, features: FeatureSettings,
+                settings: TrainSettings, dtype: torch.dtype) -> Path:
+    """The training stage: one stint on the cached features (a fresh head, or the committed one with train.resume),
+    its card and checkpoint written; returns the checkpoint folder."""
+    module = recipe.build(target, settings.config).to(torch.device(settings.device))
+    committed = load_committed(settings.out_dir, recipe, module, settings.config) if settings.resume else None
+    vocab_ids = committed["vocab_ids"] if committed else draft_vocabulary_ids(settings, train_set, target, tokenizer)
     if committed is None and hasattr(recipe, "set_vocabulary"):  # a module that holds its vocabulary (EAGLE-3)
         recipe.set_vocabulary(module, vocab_ids)
     vocab = DraftVocabulary(target.get_output_embeddings(), vocab_ids)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
-    checkpoint_path = Path(os.path.expanduser(tcfg.checkpoint))
-    state = start_stint(recipe, module, optimizer, checkpoint_path, out_dir, committed, tcfg)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=settings.lr, betas=settings.betas,
+                                  weight_decay=settings.weight_decay)
+    state = start_stint(recipe, module, optimizer, committed, settings)
     state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
     state["dtype"] = str(dtype).removeprefix("torch.")
-    save_checkpoint = crash_checkpoint_writer(checkpoint_path, state, module, optimizer)
-    run = HeadTraining(cfg, recipe, module, vocab, target, optimizer, state, dtype)
+    save_checkpoint = crash_checkpoint_writer(settings.checkpoint, state, module, optimizer)
+    run = HeadTraining(settings, recipe, module, vocab, target, optimizer, state, dtype)
     started = run.steps(train_set, heldout, save_checkpoint)
     final = heldout_agreement(recipe, module, vocab, heldout, target)
     state["wall_seconds"] += time.time() - started
     save_checkpoint()
     covered = heldout.labels[heldout.mask]
     coverage = 1.0 if vocab_ids is None else float(torch.isin(covered, vocab_ids.cpu()).float().mean())
-    card = heads_card(cfg, recipe, state, vocab, coverage, final, len(train_set), len(heldout))
-    write_heads(out_dir, recipe, module, vocab_ids, card, tcfg)
+    card = heads_card(recipe, settings, features, state, vocab, coverage, final, len(train_set), len(heldout))
+    write_heads(settings.out_dir, recipe, module, vocab_ids, card, settings.config)
     if not hasattr(recipe, "save"):  # a format of its own is not continued (train.resume=true refuses it)
-        save_train_state(out_dir, module, optimizer)
-    checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
+        save_train_state(settings.out_dir, module, optimizer)
+    settings.checkpoint.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
     print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "draft_vocab_size",
                                            "heldout_vocab_coverage", "heldout_agreement")}))
-    print(f"{recipe.method} heads saved to {out_dir} (stint {len(card['stints'])}: {state['start']})")
-    return out_dir
+    print(f"{recipe.method} heads saved to {settings.out_dir} (stint {len(card['stints'])}: {state['start']})")
+    return settings.out_dir
 
 
-def draft_vocabulary_ids(tcfg: DictConfig, train_set: Features, target, tokenizer) -> torch.Tensor | None:
+def draft_vocabulary_ids(settings: TrainSettings, train_set: Features, target, tokenizer) -> torch.Tensor | None:
     """A fresh head's draft vocabulary: the `train.draft_vocab_size` labels most frequent in the training set."""
-    if not tcfg.get("draft_vocab_size"):
+    if not settings.draft_vocab_size:
         return None
-    return most_frequent_tokens(train_set.labels[train_set.mask], tcfg.draft_vocab_size,
+    return most_frequent_tokens(train_set.labels[train_set.mask], settings.draft_vocab_size,
                                 target.get_output_embeddings().weight.shape[0], tokenizer.all_special_ids)
 
 
@@ -235,7 +264,7 @@ def load_committed(out_dir: Path, recipe: Recipe, module: nn.Module, tcfg: DictC
     load_strictly(module, tensors, out_dir / "model.safetensors", f"remake it with: {command} train.resume=false")
     if hasattr(recipe, "vocabulary_ids"):
         vocab_ids = recipe.vocabulary_ids(module)
-    return {"vocab_ids": vocab_ids, "card": read_json(out_dir / "card.json", f"fix or remove it"), "tensors": tensors,
+    return {"vocab_ids": vocab_ids, "card": read_json(out_dir / "card.json", "fix or remove it"), "tensors": tensors,
             "fingerprint": artifact_fingerprint(out_dir)}
 
 
@@ -245,12 +274,11 @@ def new_state(base: str | None, method: str, earlier: list[dict], start: str) ->
             "wall_seconds": 0.0, "losses": [], "evals": [], "commands": []}
 
 
-def start_stint(recipe: Recipe, module: nn.Module, optimizer, checkpoint_path: Path, out_dir: Path,
-                committed: dict | None, tcfg: DictConfig) -> dict:
+def start_stint(recipe: Recipe, module: nn.Module, optimizer, committed: dict | None, settings: TrainSettings) -> dict:
     """The stint's state, its weights and optimizer in place: an interrupted stint of the same start continued from
     the crash-resume file; else from scratch, or (committed) the saved optimizer state when it matches the committed
     weights, else a warm restart."""
-    base = committed["fingerprint"] if committed else None
+    base, checkpoint_path = committed["fingerprint"] if committed else None, settings.checkpoint
     saved = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
     if saved is not None and saved.get("method") == recipe.method and "earlier" in saved and saved["base"] == base:
         module.load_state_dict(saved.pop("module"))
@@ -261,10 +289,10 @@ def start_stint(recipe: Recipe, module: nn.Module, optimizer, checkpoint_path: P
     if committed is None:
         return new_state(None, recipe.method, [], "scratch")
     earlier = earlier_stints(committed["card"])
-    match = matching_train_state([out_dir / TRAIN_STATE, checkpoint_path], committed["tensors"])
+    match = matching_train_state([settings.out_dir / TRAIN_STATE, checkpoint_path], committed["tensors"])
     if match is None:
-        start = (f"warm restart from the committed head (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up "
-                 f"steps)")
+        start = (f"warm restart from the committed head (its fp16 weights; fresh AdamW, {settings.warmup_steps} "
+                 f"warm-up steps)")
     else:
         path, state = match
         module.load_state_dict(state["module"])
@@ -345,26 +373,25 @@ def cumulative(stints: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def evaluate_committed(cfg: DictConfig, recipe: Recipe, target, tokenizer, out_dir: Path) -> Path:
-    """`train.minutes=0`: the committed head's held-out agreement, printed; nothing trained or written but the
-    held-out feature shards when missing."""
-    build_feature_cache(target, tokenizer, cfg, heldout_only=True)
-    _, heldout = load_features(cfg, heldout_only=True)
-    module = recipe.build(target, cfg.train).to(target.device)
-    committed = load_committed(out_dir, recipe, module, cfg.train)
+def evaluate_committed(recipe: Recipe, target, heldout: Features, features: FeatureSettings,
+                       settings: TrainSettings) -> Path:
+    """`train.minutes=0`: the committed head's held-out agreement, printed; nothing trained or written (but the
+    held-out feature shards when missing)."""
+    module = recipe.build(target, settings.config).to(target.device)
+    committed = load_committed(settings.out_dir, recipe, module, settings.config)
     vocab = DraftVocabulary(target.get_output_embeddings(), committed["vocab_ids"])
     agreement = heldout_agreement(recipe, module, vocab, heldout, target)
-    print(json.dumps({"checkpoint": str(out_dir), "feature_cache": str(cache_folder(cfg)),
+    print(json.dumps({"checkpoint": str(settings.out_dir), "feature_cache": str(features.folder),
                       "heldout_sequences": len(heldout), "heldout_agreement": agreement}))
-    return out_dir
+    return settings.out_dir
 
 
 class HeadTraining:
     """The optimizer loop of train_heads over one module, its vocabulary, the frozen target and the state it grows."""
 
-    def __init__(self, cfg: DictConfig, recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, target, optimizer,
-                 state: dict, dtype: torch.dtype = torch.float32):
-        self.cfg, self.recipe, self.module, self.vocab, self.target = cfg, recipe, module, vocab, target
+    def __init__(self, settings: TrainSettings, recipe: Recipe, module: nn.Module, vocab: DraftVocabulary, target,
+                 optimizer, state: dict, dtype: torch.dtype = torch.float32):
+        self.settings, self.recipe, self.module, self.vocab, self.target = settings, recipe, module, vocab, target
         self.optimizer, self.state, self.dtype = optimizer, state, dtype
 
     def steps(self, train_set: Features, heldout: Features, save_checkpoint) -> float:
@@ -372,27 +399,27 @@ class HeadTraining:
         checkpointing every train.checkpoint_minutes; returns when the current wall-time stretch began."""
         from tqdm import tqdm
 
-        cfg, tcfg, state = self.cfg, self.cfg.train, self.state
-        budget, started, last_save = stint_minutes(tcfg) * 60, time.time(), time.time()
+        settings, state = self.settings, self.state
+        budget, started, last_save = settings.minutes * 60, time.time(), time.time()
         offset = sum(s.get("steps") or 0 for s in state["earlier"])  # earlier stints' batches are not repeated
-        order = torch.Generator().manual_seed(cfg.seed)
-        bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc=f"{self.recipe.method} heads", unit="step",
+        order = torch.Generator().manual_seed(settings.seed)
+        bar = tqdm(total=settings.max_steps, initial=state["step"], desc=f"{self.recipe.method} heads", unit="step",
                    bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
         self.module.train()
-        while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
+        while state["step"] < settings.max_steps and state["train_seconds"] < budget:
             tick = time.time()
-            order.manual_seed(cfg.seed * 100003 + offset + state["step"])  # the same batches after a crash-resume
-            batch = batch_on(train_set, torch.randint(len(train_set), (tcfg.batch_size,), generator=order),
-                             torch.device(cfg.device))
-            self.step(batch, max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget))
+            order.manual_seed(settings.seed * 100003 + offset + state["step"])  # the same batches after a crash-resume
+            batch = batch_on(train_set, torch.randint(len(train_set), (settings.batch_size,), generator=order),
+                             torch.device(settings.device))
+            self.step(batch, max(state["step"] / settings.max_steps, state["train_seconds"] / budget))
             state["train_seconds"] += time.time() - tick
             bar.update(1)
             bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
-            if state["step"] % tcfg.eval_every == 0:
+            if state["step"] % settings.eval_every == 0:
                 heads = heldout_agreement(self.recipe, self.module, self.vocab, heldout, self.target)
                 state["evals"].append({"step": state["step"], "heads": heads})
                 bar.write(f"step {state['step']}: held-out top-1 per head {[h['top1'] for h in heads]}")
-            if time.time() - last_save > tcfg.checkpoint_minutes * 60:
+            if time.time() - last_save > settings.checkpoint_minutes * 60:
                 state["wall_seconds"] += time.time() - started
                 started = last_save = time.time()
                 save_checkpoint()
@@ -401,24 +428,23 @@ class HeadTraining:
 
     def step(self, batch, progress: float) -> None:
         """One optimizer step on `batch` at the schedule's `progress`; its loss appended to the state."""
-        tcfg, state = self.cfg.train, self.state
+        settings, state = self.settings, self.state
         loss = train_step(self.recipe, self.module, self.vocab, batch, self.target, self.optimizer,
-                          learning_rate(tcfg, state["step"], progress), tcfg.grad_clip, self.dtype)
+                          learning_rate(settings, state["step"], progress), settings.grad_clip, self.dtype)
         state["step"] += 1
         state["losses"].append(round(loss, 4))
 
 
-def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabulary, coverage: float, final: list,
-               train_sequences: int, heldout_sequences: int) -> dict:
+def heads_card(recipe: Recipe, settings: TrainSettings, features: FeatureSettings, state: dict, vocab: DraftVocabulary,
+               coverage: float, final: list, train_sequences: int, heldout_sequences: int) -> dict:
     """card.json of trained heads: every stint, the totals, this stint's data, loss and held-out agreement, recipe,
     machine."""
-    tcfg = cfg.train
-    data = data_record(cfg, train_sequences, heldout_sequences, getattr(recipe, "soft_top_k", 0))
-    this = stint_record(state, state["step"] * tcfg.batch_size * cfg.features.seq_len, data, final)
+    data = data_record(features, train_sequences, heldout_sequences, getattr(recipe, "soft_top_k", 0))
+    this = stint_record(state, state["step"] * settings.batch_size * features.seq_len, data, final)
     stints = [*state["earlier"], this]
     return {
         "method": recipe.method,
-        "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
+        "target": {"name": features.model["name"], "source": features.model["gguf_file"] or features.model["path"]},
         **cumulative(stints),
         "stints": stints,
         "data": data,
@@ -428,7 +454,7 @@ def heads_card(cfg: DictConfig, recipe: Recipe, state: dict, vocab: DraftVocabul
         "heldout_vocab_coverage": round(coverage, 4),
         "heldout_agreement": final,
         "heldout_agreement_history": state["evals"],
-        "recipe": OmegaConf.to_container(tcfg, resolve=True),
+        "recipe": OmegaConf.to_container(settings.config, resolve=True),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
                    f"transformers {transformers.__version__}",
         "date": this["date"],
