@@ -4,7 +4,7 @@
                                              [--adaptive] [--draft PATH]
 
 Four contenders decode the same chat prompts greedily, interleaved question by question: our vanilla, our SpS
-(methods/sps.py with the model config's draft, `sps_draft`), transformers' `generate(do_sample=False)` and its
+(methods/sps/ with the model config's draft, `sps_draft`), transformers' `generate(do_sample=False)` and its
 assisted generation with the same draft as a full HF model (the target's embedding and LM head attached) and the
 same γ (constant, or transformers' "heuristic_transient" schedule with --adaptive; its confidence-threshold early
 stop is off so both draft the same chains). Prints each SpS's speedup over its own vanilla, its mean accepted tokens
@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.artifacts import PROJECT_ROOT
 from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
-from methods.sps import DraftModelDrafter, load_draft
+from methods.sps.draft import load_draft
+from methods.sps.drafter import DraftModelDrafter
 
 
 def parse_args() -> argparse.Namespace:
