@@ -6,7 +6,8 @@ from pathlib import Path
 from bench.artifacts import artifact_fingerprint
 from bench.errors import InvalidArtifactError
 from methods.eagle.head import EagleHead
-from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_heads, read_json, read_tensors
+from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_json, read_tensors
+from methods.heads.saved import load_saved_heads
 
 TRAIN_COMMAND = "python -m bench.train method=eagle"
 UPSTREAM_WEIGHTS = ("pytorch_model.bin", "model.safetensors")  # in the order SafeAILab's EaModel tries them
@@ -38,11 +39,7 @@ def load_eagle(checkpoint: str | Path, target) -> tuple[EagleHead, DraftVocabula
         head = _upstream_head(folder, weights, config, target.config)
         vocab = DraftVocabulary(lm_head)
     else:
-        _, state = read_heads(folder, "eagle", TRAIN_COMMAND)
-        head = EagleHead(target.config)
-        load_strictly(head, {k: v for k, v in state.items() if k != "draft_vocab_ids"}, folder / "model.safetensors",
-                      f"remake it with: {TRAIN_COMMAND}")
-        vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
+        head, vocab = load_saved_heads(folder, "eagle", lambda _: EagleHead(target.config), lm_head, TRAIN_COMMAND)
     return head.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from bench.artifacts import artifact_fingerprint
 from bench.errors import InvalidArtifactError, MissingArtifactError
-from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_heads, read_json, read_tensors
+from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_json, read_tensors
+from methods.heads.saved import load_saved_heads
 from methods.hydra.heads import HydraHeads, HydraPrefixHeads
 
 TRAIN_COMMAND = "python -m bench.train method=hydra"
@@ -25,11 +26,8 @@ def load_hydra(checkpoint: str | Path, target) -> tuple[HydraHeads | HydraPrefix
         heads = _load_upstream(folder, upstream, target)
         vocab = DraftVocabulary(lm_head)
     else:
-        config, state = read_heads(folder, "hydra", TRAIN_COMMAND)
-        heads = HydraHeads(lm_head.weight.shape[1], config["num_heads"], config["num_layers"])
-        load_strictly(heads, {k: v for k, v in state.items() if k != "draft_vocab_ids"}, folder / "model.safetensors",
-                      f"remake it with: {TRAIN_COMMAND}")
-        vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
+        heads, vocab = load_saved_heads(folder, "hydra", lambda config: HydraHeads(
+            lm_head.weight.shape[1], config["num_heads"], config["num_layers"]), lm_head, TRAIN_COMMAND)
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 

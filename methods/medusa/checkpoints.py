@@ -9,7 +9,8 @@ import torch
 
 from bench.artifacts import artifact_fingerprint
 from bench.errors import InvalidArtifactError, MissingArtifactError
-from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_heads, read_json, read_tensors
+from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_json, read_tensors
+from methods.heads.saved import load_saved_heads
 from methods.medusa.heads import MedusaHeads
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
@@ -41,11 +42,8 @@ def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocab
         heads = _upstream_heads(source, state, config, hidden_size, vocab_size)
         vocab = DraftVocabulary(lm_head)
     else:
-        config, state = read_heads(folder, "medusa", TRAIN_COMMAND)
-        heads = MedusaHeads(lm_head.weight.shape[1], config["num_heads"], config["num_layers"])
-        load_strictly(heads, {k: v for k, v in state.items() if k != "draft_vocab_ids"}, folder / "model.safetensors",
-                      f"remake it with: {TRAIN_COMMAND}")
-        vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
+        heads, vocab = load_saved_heads(folder, "medusa", lambda config: MedusaHeads(
+            lm_head.weight.shape[1], config["num_heads"], config["num_layers"]), lm_head, TRAIN_COMMAND)
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 
