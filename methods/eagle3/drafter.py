@@ -27,7 +27,6 @@ class Eagle3Drafter(Eagle2Drafter):
             self.embed = head.embed_tokens
 
 
-
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> Eagle3Drafter:
     """For the tests: this drafter at `knobs`' tree over a random head for a tiny target, its draft vocabulary 12 of
     the target's ids (a non-trivial d2t; tests/test_sampling_methods.py)."""

@@ -36,8 +36,6 @@ class MedusaDrafter(LastFeatureDrafter):
         return self.template.with_tokens(DeviceTokens(tokens))
 
 
-
-
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> MedusaDrafter:
     """For the tests: this drafter at `knobs`' tree over 4 random heads for a tiny target
     (tests/test_sampling_methods.py)."""
