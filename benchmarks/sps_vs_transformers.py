@@ -4,7 +4,7 @@
                                              [--adaptive] [--draft PATH]
 
 Four contenders decode the same chat prompts greedily, interleaved question by question: our vanilla, our SpS
-(methods/sps.py with method=sps's draft for the model, `method.drafter.draft_path`), transformers'
+(methods/sps/ with method=sps's draft for the model, `method.drafter.draft_path`), transformers'
 `generate(do_sample=False)` and its assisted generation with the same draft as a full HF model (the target's
 embedding and LM head attached) and the same γ (constant, or transformers' "heuristic_transient" schedule with
 --adaptive; its confidence-threshold early stop is off so both draft the same chains). Prints each SpS's speedup
@@ -26,7 +26,8 @@ from benchmarks.common import (
     print_comparison,
     setup,
 )
-from methods.sps import DraftModelDrafter, load_draft
+from methods.sps.draft import load_draft
+from methods.sps.drafter import DraftModelDrafter
 
 
 def parse_args() -> argparse.Namespace:

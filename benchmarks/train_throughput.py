@@ -2,7 +2,7 @@
 
     python benchmarks/train_throughput.py [--model smollm2_135m] [--methods medusa,eagle,hydra,sps] [--steps 10]
 
-Each method's step is the trainer's own (methods/heads/training.py train_step; methods/sps_train.py sps_step) with
+Each method's step is the trainer's own (methods/heads/training.py train_step; methods/sps/train.py sps_step) with
 its recipe and batch shape from conf/train/<method>.yaml, on the real target (its shapes, LM head, layers) and
 synthetic features (random token ids, unit-variance features, every position trained): throughput does not depend
 on the values. The two dtypes alternate step by step in one process, each on its own copy of the module and
@@ -29,8 +29,8 @@ from bench.models import load_model  # noqa: E402
 from methods.heads.common import DraftVocabulary  # noqa: E402
 from methods.heads.features import Features  # noqa: E402
 from methods.heads.training import train_step  # noqa: E402
-from methods.sps import own_state, slice_target  # noqa: E402
-from methods.sps_train import sps_step  # noqa: E402
+from methods.sps.draft import own_state, slice_target  # noqa: E402
+from methods.sps.train import sps_step  # noqa: E402
 
 DTYPES = (torch.float32, torch.bfloat16)
 

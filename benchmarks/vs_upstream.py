@@ -33,9 +33,11 @@ from bench.artifacts import PROJECT_ROOT, cache_dir
 from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import dequantized_gguf, eos_token_ids, load_model
-from methods.eagle import EagleDrafter, load_eagle
+from methods.eagle.checkpoints import load_eagle
+from methods.eagle.static import Eagle1Drafter
 from methods.lookahead import LookaheadDrafter
-from methods.medusa import MedusaDrafter, load_medusa
+from methods.medusa.checkpoints import load_medusa
+from methods.medusa.drafter import MedusaDrafter
 from tasks import read_questions
 from tasks.prompts import build_prompt
 
@@ -190,7 +192,7 @@ def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
         eagle_head = smollm2_checkpoint("eagle")
         folder = convert_eagle(eagle_head, model, heads_dir / "eagle")
         rows.append({"method": "eagle", "settings": "static tree mc_sim_7b_63 (= eagle_7b_25, 25 nodes)",
-                     "ours": lambda: EagleDrafter(model, checkpoint=eagle_head, choices="eagle_7b_25"),
+                     "ours": lambda: Eagle1Drafter(model, checkpoint=eagle_head, choices="eagle_7b_25"),
                      "upstream": {"method": "eagle", "head_dir": str(folder), "tree_choices": TREES["eagle_7b_25"]}})
     for index, row in enumerate(rows):
         row["upstream"]["name"] = f"run{index}"

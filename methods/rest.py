@@ -77,3 +77,13 @@ class RestDrafter(Drafter):
 
     def update(self, step) -> None:
         pass
+
+
+def tiny_drafter(target, sampling, knobs: dict, tmp_path) -> RestDrafter:
+    """For the tests: this drafter at `knobs`' sizes over a datastore of random sequences of a tiny target's
+    vocabulary, written under `tmp_path` (tests/test_sampling_methods.py)."""
+    from methods.rest_datastore import write_datastore
+
+    corpus = np.random.default_rng(3).integers(0, target.config.vocab_size, (18, 14)).tolist()
+    path = write_datastore(tmp_path / "store.idx", corpus, sort_depth=8)
+    return RestDrafter(datastore={"path": str(path)}, **{k: v for k, v in knobs.items() if k != "datastore"})

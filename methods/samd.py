@@ -26,8 +26,8 @@ import copy
 from bench.engine.drafter import Drafter, start_drafter
 from bench.engine.tree import DraftTree
 from bench.errors import MissingArtifactError
-from methods.eagle import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
-from methods.eagle import EagleDrafter
+from methods.eagle.checkpoints import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
+from methods.eagle.dynamic import Eagle2Drafter
 from methods.rest_datastore import datastore_path
 from methods.recycling import RecyclingDrafter
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
@@ -136,7 +136,7 @@ def build_fallback(kind: str, target, tokenizer, recycling: dict, eagle2: dict) 
     return None
 
 
-def eagle2_fallback(target, tokenizer, knobs: dict) -> EagleDrafter:
+def eagle2_fallback(target, tokenizer, knobs: dict) -> Eagle2Drafter:
     """EAGLE-2's drafter over the head `knobs["checkpoint"]` (or a `head` passed in); a missing head is refused in
     one line naming the setting."""
     if not knobs.get("checkpoint") and knobs.get("head") is None:
@@ -144,7 +144,7 @@ def eagle2_fallback(target, tokenizer, knobs: dict) -> EagleDrafter:
                                    f"set {EAGLE2_SETTING} (train one with: {EAGLE_TRAIN_COMMAND}), or use "
                                    f"method.drafter.fallback=recycling")
     try:
-        return EagleDrafter(target, tokenizer, **knobs)
+        return Eagle2Drafter(target, tokenizer, **knobs)
     except MissingArtifactError as err:
         raise type(err)(f"{err} (SAM-Decoding's eagle2 fallback: {EAGLE2_SETTING}, or use "
                         f"method.drafter.fallback=recycling)") from err

@@ -18,7 +18,7 @@ from bench.artifacts import PROJECT_ROOT
 @hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.train.get("backend", "native") == "modelopt":  # NVIDIA ModelOpt's Medusa (optional extra)
-        from methods.heads.modelopt import train_modelopt_medusa
+        from methods.medusa.modelopt import train_modelopt_medusa
 
         train_modelopt_medusa(cfg)
     elif cfg.train.get("recipe") is not None:
@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
 
         train_heads(cfg, hydra.utils.instantiate(cfg.train.recipe))
     else:
-        from methods.sps_train import train
+        from methods.sps.train import train
 
         train(cfg)
 

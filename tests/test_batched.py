@@ -19,13 +19,14 @@ from bench.engine.tree import DraftTree
 from bench.errors import ConfigError
 from bench.validate import validate
 from bench.engine.drafter import Drafter
-from methods.eagle import EagleDrafter
-from methods.hydra import HydraDrafter
+from methods.eagle.dynamic import Eagle2Drafter
+from methods.eagle.static import Eagle1Drafter
+from methods.hydra.drafter import HydraDrafter
 from methods.lookahead import LookaheadDrafter
-from methods.medusa import MedusaDrafter
+from methods.medusa.drafter import MedusaDrafter
 from methods.pld import PromptLookupDrafter
 from methods.rest import RestDrafter
-from methods.sps import DraftModelDrafter
+from methods.sps.drafter import DraftModelDrafter
 from tests.conftest import VOCAB, generate_tokens, vanilla_tokens
 
 LENGTHS = (5, 17, 40, 9, 23)  # prompts of different lengths: the batch cache has holes from the start
@@ -73,7 +74,7 @@ def method_drafters(model, tmp_path, prompts):
     datastore holds the prompts' own continuations, so it is right often)."""
     from methods.recycling import RecyclingDrafter
     from methods.samd import SamdDrafter
-    from methods.sps import slice_target
+    from methods.sps.draft import slice_target
     from tests.test_eagle import random_head
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
@@ -86,8 +87,8 @@ def method_drafters(model, tmp_path, prompts):
         "sps": lambda: DraftModelDrafter(model, draft_model=slice_target(model, [0]), num_draft_tokens=4),
         "medusa": lambda: MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=medusa_heads(64)),
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
-        "eagle": lambda: EagleDrafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
-        "eagle2": lambda: EagleDrafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
+        "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
+        "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model),
         "samd": lambda: SamdDrafter(model),
     }

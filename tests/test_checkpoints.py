@@ -1,4 +1,4 @@
-"""Published checkpoint layouts load as their authors' code loads them (methods/medusa.py, eagle.py, hydra.py, sps.py).
+"""Published checkpoint layouts load as their authors' code loads them (methods/medusa/, eagle/, hydra/, sps/).
 
 Each tiny checkpoint is written in its upstream layout from the key names alone; the drafter's first proposal must
 equal a reference forward written here in plain torch ops from upstream's architecture. A checkpoint with a missing
@@ -19,10 +19,12 @@ from torch.nn.functional import silu
 
 from bench.artifacts import PROJECT_ROOT
 from bench.errors import InvalidArtifactError
-from methods.eagle import EagleDrafter, load_eagle
-from methods.hydra import load_hydra
-from methods.medusa import MedusaDrafter, load_medusa
-from methods.sps import load_draft, save_draft, slice_target
+from methods.eagle.checkpoints import load_eagle
+from methods.eagle.static import Eagle1Drafter
+from methods.hydra.checkpoints import load_hydra
+from methods.medusa.checkpoints import load_medusa
+from methods.medusa.drafter import MedusaDrafter
+from methods.sps.draft import load_draft, save_draft, slice_target
 from tests.conftest import VOCAB, make_tiny_model, tiny_overrides
 from tests.test_hydra import write_upstream_checkpoint as write_hydra_plus_plus
 
@@ -304,7 +306,7 @@ def test_safeailab_eagle_head(tiny_model, tmp_path, case):
     head, vocab, _ = load_eagle(tmp_path / "eagle", tiny_model)
     assert (head.fc.bias is None) == (case == "no-bias") and vocab.size == VOCAB
     assert head.body.layers[0].mlp.up_proj.out_features == config["intermediate_size"]
-    drafter = EagleDrafter(tiny_model, checkpoint=str(tmp_path / "eagle"), choices=EAGLE_CHOICES)
+    drafter = Eagle1Drafter(tiny_model, checkpoint=str(tmp_path / "eagle"), choices=EAGLE_CHOICES)
     assert first_proposal(drafter, tiny_model) == eagle_reference(state, config, tiny_model)
 
 

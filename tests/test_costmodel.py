@@ -23,8 +23,8 @@ from bench.artifacts import PROJECT_ROOT
 from bench.measure.run import run
 from bench.engine.tree import DraftTree
 from bench.engine.drafter import Drafter
-from methods.medusa import MedusaDrafter
-from methods.heads.medusa_heads import MedusaHeads
+from methods.medusa.drafter import MedusaDrafter
+from methods.medusa.heads import MedusaHeads
 from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB, vanilla_tokens
 
@@ -229,7 +229,7 @@ def test_phase_times_add_up_and_the_profile_predicts_the_measured_speedup(slow_m
 def test_tree_steps_are_predicted_from_the_tree_points(slow_model, clock, prompts):
     """Steps that pass a tree mask are marked and cost the profile's tree points: the prediction is the fake clock's
     time exactly, and would be TREE_MASK per step short from the chain points alone."""
-    from methods.medusa import MedusaDrafter
+    from methods.medusa.drafter import MedusaDrafter
 
     lengths, contexts = [1, 8, 32], [16, 64]
     seconds = measure_forward_times(slow_model, lengths, contexts, repeats=1, clock=clock)

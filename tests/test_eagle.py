@@ -1,4 +1,4 @@
-"""EAGLE / EAGLE-2 (methods/eagle.py): lossless greedy decoding, the head's KV cache, checkpoint formats."""
+"""EAGLE / EAGLE-2 (methods/eagle/): lossless greedy decoding, the head's KV cache, checkpoint formats."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,10 @@ from transformers import DynamicCache
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
-from methods.eagle import EagleDrafter, EagleHead, load_eagle
+from methods.eagle.checkpoints import load_eagle
+from methods.eagle.dynamic import Eagle2Drafter
+from methods.eagle.head import EagleHead
+from methods.eagle.static import Eagle1Drafter
 from methods.heads.common import DraftVocabulary, save_heads
 from methods.heads.trees import TREES
 from tests.conftest import VOCAB
@@ -23,7 +26,9 @@ def random_head(model, seed: int = 0) -> EagleHead:
     return EagleHead(model.config).to(model.dtype).eval()
 
 
-class Recorder(EagleDrafter):
+class Recording:
+    """Mixed into a drafter class: records each step's accepted drafts and tree size."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.accepted: list[int] = []
@@ -42,9 +47,10 @@ def test_greedy_eagle_equals_vanilla(tiny_model, prompts, shape, vocab_slice, on
              "eagle2-upstream": {"total_token": 60, "depth": 5, "top_k": 10}}[shape]
     vocab = DraftVocabulary(tiny_model.get_output_embeddings(),
                             None if vocab_slice is None else torch.arange(0, VOCAB, VOCAB // vocab_slice))
+    recorder = type("Recorder", (Recording, Eagle1Drafter if shape == "eagle1" else Eagle2Drafter), {})
     accepted = []
     for seed, prompt in enumerate(prompts):
-        drafter = Recorder(tiny_model, head=random_head(tiny_model, seed), vocab=vocab, **knobs)
+        drafter = recorder(tiny_model, head=random_head(tiny_model, seed), vocab=vocab, **knobs)
         assert_lossless(tiny_model, drafter, prompt, 40)
         accepted += drafter.accepted
         k = knobs.get("top_k", 0)
@@ -102,7 +108,7 @@ def test_eagle2_tree_is_upstreams(tiny_model, prompts, total_token, depth, top_k
     nodes, total_token - 1 of them (the step verifies total_token with the root), best first."""
     head = random_head(tiny_model, 7)
     prompt = prompts[1]
-    drafter = EagleDrafter(tiny_model, head=head, total_token=total_token, depth=depth, top_k=top_k)
+    drafter = Eagle2Drafter(tiny_model, head=head, total_token=total_token, depth=depth, top_k=top_k)
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         out = tiny_model(input_ids=ids, output_hidden_states=True)
@@ -120,7 +126,7 @@ def test_head_cache_equals_a_fresh_prefill_of_the_accepted_context(tiny_model, p
     context, as if they had been fed in one go."""
     prompt = prompts[1]
     head = random_head(tiny_model, 3)
-    drafter = EagleDrafter(tiny_model, head=head, total_token=10, depth=4, top_k=3)
+    drafter = Eagle2Drafter(tiny_model, head=head, total_token=10, depth=4, top_k=3)
     out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(25))
     held = drafter.cache.get_seq_length()
     context = prompt + out.tokens
@@ -157,7 +163,7 @@ def test_upstream_checkpoint_loads(tiny_model, prompts, tmp_path, one_thread):
     with torch.no_grad():
         torch.testing.assert_close(loaded(embeds, features), head(embeds, features), rtol=1e-5, atol=1e-5)
     assert vocab.size == VOCAB
-    drafter = EagleDrafter(tiny_model, checkpoint=str(tmp_path / "eagle-tiny"), choices=EAGLE_7B_25)
+    drafter = Eagle1Drafter(tiny_model, checkpoint=str(tmp_path / "eagle-tiny"), choices=EAGLE_7B_25)
     assert_lossless(tiny_model, drafter, prompts[0], 20)
 
 

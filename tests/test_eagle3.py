@@ -1,4 +1,4 @@
-"""EAGLE-3 (methods/eagle3.py): upstream's and the speculators checkpoint layouts, the head against a plain-torch
+"""EAGLE-3 (methods/eagle3/): upstream's and the speculators checkpoint layouts, the head against a plain-torch
 reference forward, the feature layers, lossless greedy decoding, strict loading and the missing-head error."""
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from transformers import LlamaForCausalLM
 from bench.engine.batched import BatchedEngine
 from bench.engine.loop import StopCondition, target_forward
 from bench.errors import InvalidArtifactError, MissingArtifactError
-from methods.eagle3 import Eagle3Drafter, Eagle3Head, eagle3_feature_layers, layer_config, load_eagle3
+from methods.eagle3.checkpoints import load_eagle3
+from methods.eagle3.drafter import Eagle3Drafter, random_head
+from methods.eagle3.head import Eagle3Head, eagle3_feature_layers
 from tests.conftest import VOCAB, tiny_config, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 
@@ -21,20 +23,8 @@ DRAFT_VOCAB = 40
 
 
 def random_eagle3_head(model, seed: int = 0, draft_vocab: int = DRAFT_VOCAB, std: float | None = None) -> Eagle3Head:
-    """A random head for `model` whose draft vocabulary is a random subset of `draft_vocab` target ids (so d2t is
-    not constant); std: every weight N(0, std) (norms included), else the modules' own initialisation."""
-    config = model.config
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    head = Eagle3Head(layer_config(config.to_dict()), config.hidden_size, config.vocab_size, draft_vocab,
-                      eagle3_feature_layers(config.num_hidden_layers))
-    if std is not None:
-        for p in head.parameters():
-            torch.nn.init.normal_(p, std=std, generator=generator)
-    ids = torch.randperm(config.vocab_size, generator=generator)[:draft_vocab].sort().values
-    head.d2t.copy_(ids - torch.arange(draft_vocab))
-    head.t2d.zero_()[ids] = True
-    return head.to(model.dtype).eval()
+    """methods/eagle3/drafter.py's random_head, at this file's draft vocabulary by default."""
+    return random_head(model, seed, draft_vocab, std)
 
 
 def head_fields(config) -> dict:

@@ -1,4 +1,4 @@
-"""EAGLE-3's trainer (methods/eagle3.py Eagle3Recipe through methods/heads/training.py): its loss is the drafting
+"""EAGLE-3's trainer (methods/eagle3/train.py Eagle3Recipe through methods/heads/training.py): its loss is the drafting
 computation's, training lowers it, and `train_heads` writes SafeAILab's layout that load_eagle3 loads strictly and
 that drafts losslessly."""
 from __future__ import annotations
@@ -12,7 +12,10 @@ from safetensors import safe_open
 from transformers import DynamicCache
 
 from bench.models import load_model
-from methods.eagle3 import Eagle3Drafter, Eagle3Recipe, Eagle3Vocabulary, eagle3_feature_layers, load_eagle3
+from methods.eagle3.checkpoints import load_eagle3
+from methods.eagle3.drafter import Eagle3Drafter
+from methods.eagle3.head import Eagle3Vocabulary, eagle3_feature_layers
+from methods.eagle3.train import Eagle3Recipe
 from methods.heads.features import Features, load_features, soft_targets
 from methods.heads.settings import FeatureSettings
 from methods.heads.training import train_heads, train_step

@@ -1,4 +1,4 @@
-"""EAGLE's training-time test (methods/eagle.py eagle_loss): the unrolled steps are what autoregressive drafting
+"""EAGLE's training-time test (methods/eagle/train.py eagle_loss): the unrolled steps are what autoregressive drafting
 computes from each position, and one step is EAGLE-1's objective exactly."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from methods.eagle import EagleHead, eagle_loss, unrolled_mask
+from methods.eagle.head import EagleHead
+from methods.eagle.train import eagle_loss, unrolled_mask
 from methods.heads.common import DraftVocabulary
 from methods.heads.features import Features
 from tests.conftest import VOCAB, tiny_config

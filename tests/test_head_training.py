@@ -128,9 +128,9 @@ def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_b
 
 
 def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
-    from methods.heads.medusa_heads import MedusaRecipe
+    from methods.medusa.drafter import MedusaDrafter
+    from methods.medusa.train import MedusaRecipe
     from methods.heads.training import train_heads
-    from methods.medusa import MedusaDrafter
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
@@ -150,7 +150,8 @@ def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, cor
 
 
 def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
-    from methods.eagle import EagleDrafter, EagleRecipe
+    from methods.eagle.dynamic import Eagle2Drafter
+    from methods.eagle.train import EagleRecipe
     from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
@@ -162,13 +163,14 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
     assert all(0 <= h["top1"] <= h["top5"] <= 1 for h in card["heldout_agreement"])
     cfg.model.dtype = "float64"
     target, _ = load_model(cfg.model, torch.device("cpu"))
-    drafter = EagleDrafter(target, checkpoint=str(out_dir), total_token=6, depth=3, top_k=2)
+    drafter = Eagle2Drafter(target, checkpoint=str(out_dir), total_token=6, depth=3, top_k=2)
     assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
 
 
 def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.hydra.drafter import HydraDrafter
+    from methods.hydra.train import HydraRecipe
     from methods.heads.training import train_heads
-    from methods.hydra import HydraDrafter, HydraRecipe
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")

@@ -18,7 +18,7 @@ from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DeviceTokens, DraftTree
 from bench.engine.drafter import Drafter
 from methods.heads.common import DraftVocabulary
-from methods.medusa import MedusaDrafter
+from methods.medusa.drafter import MedusaDrafter
 from methods.pld import PromptLookupDrafter
 from tests.conftest import VOCAB, vanilla_tokens
 from tests.sync_counter import SyncCounter, count_decode_steps, count_per_step

@@ -1,4 +1,4 @@
-"""Hydra (methods/hydra.py): sequentially dependent heads, lossless greedy decoding, checkpoints, training."""
+"""Hydra (methods/hydra/): sequentially dependent heads, lossless greedy decoding, checkpoints, training."""
 from __future__ import annotations
 
 import copy
@@ -11,9 +11,11 @@ from transformers import AutoModel
 from bench.engine.kvcache import new_cache
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from methods.heads.common import DraftVocabulary, save_heads
-from methods.hydra import HydraDrafter, HydraHeads, HydraPrefixHeads, load_hydra
-from methods.medusa import MedusaDrafter
-from methods.heads.medusa_heads import MedusaHeads
+from methods.hydra.checkpoints import load_hydra
+from methods.hydra.drafter import HydraDrafter
+from methods.hydra.heads import HydraHeads, HydraPrefixHeads
+from methods.medusa.drafter import MedusaDrafter
+from methods.medusa.heads import MedusaHeads
 from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.drafters import recording

@@ -1,4 +1,4 @@
-"""Medusa (methods/medusa.py): the tree from choices, lossless greedy decoding, checkpoint formats, training."""
+"""Medusa (methods/medusa/): the tree from choices, lossless greedy decoding, checkpoint formats, training."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,9 @@ import torch
 
 from bench.errors import MissingArtifactError
 from methods.heads.common import DraftVocabulary, save_heads
-from methods.medusa import MedusaDrafter, load_medusa
-from methods.heads.medusa_heads import MedusaHeads
+from methods.medusa.checkpoints import load_medusa
+from methods.medusa.drafter import MedusaDrafter
+from methods.medusa.heads import MedusaHeads
 from methods.heads.trees import tree_from_choices
 from methods.heads.trees import TREES
 from tests.conftest import VOCAB

@@ -14,8 +14,9 @@ from methods.heads.features import Features
 from bench.errors import MissingArtifactError
 from bench.models import load_model
 from methods.heads.common import DraftVocabulary
-from methods.medusa import MedusaDrafter, load_medusa
-from methods.heads.modelopt import (SAVED_FILE, ModelOptMedusaRecipe, heads_view, import_modelopt,
+from methods.medusa.checkpoints import load_medusa
+from methods.medusa.drafter import MedusaDrafter
+from methods.medusa.modelopt import (SAVED_FILE, ModelOptMedusaRecipe, heads_view, import_modelopt,
                                     load_modelopt_medusa, medusa_config)
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless

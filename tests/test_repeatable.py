@@ -13,17 +13,19 @@ from bench.records import read_jsonl
 from bench.measure.run import run
 from bench.engine.sampling import SamplingConfig
 from bench.engine.drafter import Drafter
-from methods.eagle import EagleDrafter
-from methods.eagle3 import Eagle3Drafter
-from methods.sps import DraftModelDrafter, slice_target
+from methods.eagle.dynamic import Eagle2Drafter
+from methods.eagle.static import Eagle1Drafter
+from methods.eagle3.drafter import Eagle3Drafter
+from methods.sps.draft import slice_target
+from methods.sps.drafter import DraftModelDrafter
 from tests.test_eagle import random_head
 from tests.test_eagle3 import random_eagle3_head
 
 T1 = SamplingConfig(temperature=1.0)
 SAMPLING_DRAFTERS = {  # drafters that draw random numbers under sampling
     "sps": lambda m: DraftModelDrafter(m, draft_model=slice_target(m, [0]), num_draft_tokens=4, sampling=T1, seed=0),
-    "eagle": lambda m: EagleDrafter(m, head=random_head(m, 3), choices="eagle_7b_25", sampling=T1, seed=0),
-    "eagle2": lambda m: EagleDrafter(m, head=random_head(m, 3), total_token=10, depth=4, top_k=3, sampling=T1,
+    "eagle": lambda m: Eagle1Drafter(m, head=random_head(m, 3), choices="eagle_7b_25", sampling=T1, seed=0),
+    "eagle2": lambda m: Eagle2Drafter(m, head=random_head(m, 3), total_token=10, depth=4, top_k=3, sampling=T1,
                                      seed=0),
     "eagle3": lambda m: Eagle3Drafter(m, head=random_eagle3_head(m, 3, std=0.3), total_token=10, depth=4, top_k=3,
                                       sampling=T1, seed=0),
@@ -74,10 +76,10 @@ def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from methods.heads.common import save_heads
-    from methods.hydra import HydraHeads
-    from methods.medusa import MedusaHeads
+    from methods.hydra.heads import HydraHeads
+    from methods.medusa.heads import MedusaHeads
     from methods.rest_datastore import write_datastore
-    from methods.sps import save_draft
+    from methods.sps.draft import save_draft
 
     folder = tmp_path_factory.mktemp("artifacts")
     target = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)

@@ -10,7 +10,7 @@ import torch
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
-from methods.eagle import EagleDrafter
+from methods.eagle.dynamic import Eagle2Drafter
 from methods.recycling import RecyclingDrafter
 from methods.samd import SamdDrafter
 from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
@@ -208,7 +208,7 @@ def target_features(model, tokens: list[int]) -> torch.Tensor:
 
 def test_eagle2_fallback_asks_for_the_targets_features(tiny_model):
     drafter = eagle2_samd(tiny_model)
-    assert isinstance(drafter.fallback, EagleDrafter) and drafter.feature_layers == EagleDrafter.feature_layers
+    assert isinstance(drafter.fallback, Eagle2Drafter) and drafter.feature_layers == Eagle2Drafter.feature_layers
     assert (drafter.fallback.total_token, drafter.fallback.depth, drafter.fallback.top_k) == (10, 4, 3)
 
 
@@ -217,8 +217,8 @@ def test_eagle2_fallback_head_follows_the_chain_steps(target, monkeypatch):  # n
     run where accepted chains and accepted trees interleave, equals the tree of a fresh EAGLE-2 drafter given the
     whole context's features at once."""
     proposed = []  # (context, tree) of each fallback step
-    propose = EagleDrafter.propose
-    monkeypatch.setattr(EagleDrafter, "propose", lambda self, context, max_tokens: proposed.append(
+    propose = Eagle2Drafter.propose
+    monkeypatch.setattr(Eagle2Drafter, "propose", lambda self, context, max_tokens: proposed.append(
         (list(context), propose(self, context, max_tokens))) or proposed[-1][1])
     tree = {"total_token": 8, "depth": 3, "top_k": 2}
     drafter = SamdDrafter(target, len_threshold=3, fallback="eagle2", eagle2={"head": random_head(target, 1), **tree})
@@ -227,7 +227,7 @@ def test_eagle2_fallback_head_follows_the_chain_steps(target, monkeypatch):  # n
     assert any(n > 1 and not is_tree for n, is_tree in steps) and any(n > 1 and is_tree for n, is_tree in steps)
     assert sum(is_tree for _, is_tree in steps) == len(proposed) >= 10
     for context, drafted in proposed:
-        fresh = EagleDrafter(target, head=drafter.fallback.head, **tree)
+        fresh = Eagle2Drafter(target, head=drafter.fallback.head, **tree)
         fresh.start(context[:-1], hidden=target_features(target, context[:-1]))
         expected = propose(fresh, context, 60)  # the original: the patched one records
         assert (drafted.tokens, drafted.parents) == (expected.tokens, expected.parents)

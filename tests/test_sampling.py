@@ -12,7 +12,8 @@ from bench.engine.acceptance import Acceptance, greedy_accept, speculative_sampl
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
 from bench.engine.tree import DraftTree
-from methods.sps import DraftModelDrafter, slice_target
+from methods.sps.draft import slice_target
+from methods.sps.drafter import DraftModelDrafter
 
 T1 = SamplingConfig(temperature=1.0)
 
@@ -203,9 +204,10 @@ def test_siblings_drawn_without_replacement_follow_p(rule, lossless):
 def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
     """A Medusa tree and an EAGLE-2 tree (both deterministic top-k siblings) on random heads: the token at POSITION
     follows the target's exact distribution."""
-    from methods.eagle import EagleDrafter, EagleHead
-    from methods.medusa import MedusaDrafter
-    from methods.heads.medusa_heads import MedusaHeads
+    from methods.eagle.dynamic import Eagle2Drafter
+    from methods.eagle.head import EagleHead
+    from methods.medusa.drafter import MedusaDrafter
+    from methods.medusa.heads import MedusaHeads
 
     target, _ = small_pair
     torch.manual_seed(0)
@@ -215,7 +217,7 @@ def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
             torch.nn.init.normal_(p, std=0.3)
         drafter = MedusaDrafter(target, choices=[[0], [1], [0, 0], [0, 1], [1, 0]], heads=heads)
     else:
-        drafter = EagleDrafter(target, head=EagleHead(target.config).double().eval(), total_token=7, depth=3, top_k=2,
+        drafter = Eagle2Drafter(target, head=EagleHead(target.config).double().eval(), total_token=7, depth=3, top_k=2,
                                sampling=T1, seed=0)
     counts, accept_lengths = position_counts(target, drafter, 800)
     statistic, critical = chi_square(counts, exact_distribution(target, PROMPT, POSITION, T1))

@@ -1,41 +1,106 @@
-"""Every method is lossless under sampling at its shipped tree shapes: a seeded chi-square test of the joint
+"""Every method is lossless under sampling at the shapes its configs ship: a seeded chi-square test of the joint
 distribution of the first three new tokens against the target's exact joint, enumerated on a tiny float64 model with
 a 16-token vocabulary (so that Medusa's and EAGLE-2's top-10 trees fit), at temperature 1, top-k and top-p.
+
+The methods are not listed here: every conf/method/<m>.yaml is a case at each drafter shape it resolves to over the
+models of conf/model/, its drafter built by the `tiny_drafter` beside its drafter class (random weights of the right
+architecture for the tiny target), or, for a method without one, from its config's knobs.
 
 A broken-rule twin (on a rejection, sample from p instead of the residual) must be caught by the same test, so the
 test has the power to see a biased sampler."""
 from __future__ import annotations
 
+import importlib
 import itertools
+from collections.abc import Callable
+from pathlib import Path
 
+import hydra.utils
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.artifacts import PROJECT_ROOT
 from bench.engine.acceptance import Acceptance
-from methods.rest_datastore import write_datastore
 from bench.engine.drafter import NoDrafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
-from methods.eagle import EagleDrafter, EagleHead
-from methods.eagle3 import Eagle3Drafter
-from methods.hydra import HydraDrafter, HydraHeads
-from methods.lookahead import LookaheadDrafter
-from methods.medusa import MedusaDrafter
-from methods.heads.medusa_heads import MedusaHeads
-from methods.pld import PromptLookupDrafter
-from methods.recycling import RecyclingDrafter
-from methods.rest import RestDrafter
-from methods.samd import SamdDrafter
-from methods.sps import DraftModelDrafter, slice_target
-from tests.test_eagle3 import random_eagle3_head
+from methods.eagle.head import EagleHead
+from methods.heads.tiny import random_weights
 from tests.test_sampling import chi_square
 
 VOCAB, HIDDEN, NEW = 16, 32, 3
 PROMPT = [3, 1, 5, 2, 6, 3, 1, 5]  # repeats, so that PLD and lookahead find matches
 CONFIGS = {"t1": SamplingConfig(temperature=1.0), "top_k": SamplingConfig(temperature=1.0, top_k=4),
            "top_p": SamplingConfig(temperature=1.0, top_p=0.8)}
-SMOLLM2_EAGLE1 = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]]  # conf/model/smollm2_135m.yaml
+# Knobs that locate an artifact or name a command or a seed, not the shape of what is drafted; nested blocks (a
+# datastore's, a corpus's, a fallback drafter's settings) are not the shape either (a fallback's method has its cases).
+NOT_SHAPE = frozenset({"checkpoint", "draft_path", "datastore", "build_command", "train_command", "seed"})
+
+
+def method_cases(conf_dir: Path) -> list[tuple[str, str, dict | None]]:
+    """(case id, method, resolved drafter knobs, None for vanilla) of every method in conf_dir/method/, once for each
+    distinct shape its drafter has over the models of conf_dir/model/ (composed as `python -m bench method=<m>
+    model=<model>` composes them; a model the method resolves nothing for is skipped). The id is the method's name,
+    or `<method>:<model>` (the first model of that shape) when it has several shapes."""
+    methods = sorted(p.stem for p in (conf_dir / "method").glob("*.yaml"))
+    models = sorted(p.stem for p in (conf_dir / "model").glob("*.yaml"))
+    cases = []
+    with initialize_config_dir(str(conf_dir.resolve()), version_base="1.3"):
+        for method in methods:
+            shapes: dict[str, tuple[str, dict | None]] = {}
+            for model in models:
+                drafter = compose("config", overrides=[f"method={method}", f"model={model}"]).method.drafter
+                try:
+                    knobs = None if drafter is None else OmegaConf.to_container(drafter, resolve=True)
+                except InterpolationResolutionError:
+                    continue
+                shapes.setdefault(shape_of(knobs), (model, knobs))
+            cases += [(method if len(shapes) == 1 else f"{method}:{model}", method, knobs)
+                      for model, knobs in shapes.values()]
+    return cases
+
+
+def shape_of(knobs: dict | None) -> str:
+    if knobs is None:
+        return "none"
+    return repr(sorted((k, v) for k, v in knobs.items() if k not in NOT_SHAPE and not isinstance(v, dict)))
+
+
+def eagle2_fallback_knobs(target) -> dict:
+    """SAM-Decoding's EAGLE-2 fallback at SmolLM2's tree, over a random head (the config's is a checkpoint)."""
+    return {"len_threshold": 2, "fallback": "eagle2",
+            "eagle2": {"head": random_weights(EagleHead(target.config), seed=2).to(target.dtype),
+                       "total_token": 6, "depth": 2, "top_k": 2}}
+
+
+# Shapes no config ships, for coverage: (case id, method, knobs over its first discovered case's, or a function of
+# the tiny target giving them). EAGLE-2 deeper than its tree keeps (4/3/3: 39 candidates, 3 verified) and with more
+# children per node than nodes verified (6/2/4); SAM-Decoding with a short match threshold, so that the prompt's
+# repeats give chains as well as fallback trees, with each fallback.
+EXTRA_CASES = [("eagle2:4/3/3", "eagle2", {"total_token": 4, "depth": 3, "top_k": 3}),
+               ("eagle2:6/2/4", "eagle2", {"total_token": 6, "depth": 2, "top_k": 4}),
+               ("samd:chains", "samd", {"len_threshold": 2}),
+               ("samd:eagle2", "samd", eagle2_fallback_knobs)]
+
+
+def all_cases() -> dict[str, tuple[str, dict | None, Callable | None]]:
+    """Case id -> (method, drafter knobs, a function of the tiny target giving more knobs or None): the discovered
+    cases, then EXTRA_CASES."""
+    cases = {case: (method, knobs, None) for case, method, knobs in DISCOVERED}
+    first = {}
+    for method, knobs, _ in cases.values():
+        first.setdefault(method, knobs)
+    for case, method, extra in EXTRA_CASES:
+        cases[case] = (method, first[method], extra) if callable(extra) else (method, {**first[method], **extra}, None)
+    return cases
+
+
+DISCOVERED = method_cases(PROJECT_ROOT / "conf")
+CASES = all_cases()
 
 
 @pytest.fixture(scope="module")
@@ -62,56 +127,20 @@ def exact_joint(model, cfg: SamplingConfig) -> dict[tuple, float]:
     return paths
 
 
-def random_module(module, seed: int, std: float = 0.3):
-    torch.manual_seed(seed)
-    for p in module.parameters():
-        torch.nn.init.normal_(p, std=std)
-    return module.double().eval()
-
-
-def make_drafter(name: str, model, cfg: SamplingConfig, tmp_path):
-    """The method's drafter at a shipped shape, on random weights of the right architecture."""
-    method, _, shape = name.partition(":")
-    if method == "vanilla":
+def make_drafter(case: str, model, cfg: SamplingConfig, tmp_path):
+    """The case's drafter on the tiny target: its module's `tiny_drafter` (random weights of the right
+    architecture), else its class built from the knobs, as the runner builds it."""
+    _, knobs, extra = CASES[case]
+    if knobs is None:
         return NoDrafter()
-    if method == "sps":  # the target with its final norm flattened: q overlaps p, acceptances and rejections both
-        draft = slice_target(model, [0, 1])
-        with torch.no_grad():
-            draft.model.norm.weight.mul_(0.3)
-        return DraftModelDrafter(model, draft_model=draft, num_draft_tokens=5, adaptive=True, sampling=cfg, seed=0)
-    if method in ("medusa", "hydra"):
-        size = None if shape == "full" else int(shape)
-        if method == "medusa":
-            return MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=size, heads=random_module(MedusaHeads(HIDDEN, 4), 1))
-        return HydraDrafter(model, choices="mc_sim_7b_63", tree_size=size, heads=random_module(HydraHeads(HIDDEN, 4), 2))
-    if method == "eagle3":  # a 12-token draft vocabulary of the 16 (a non-trivial d2t)
-        total_token, depth, top_k = map(int, shape.split("/"))
-        head = random_eagle3_head(model, 2, draft_vocab=12, std=0.3)
-        return Eagle3Drafter(model, head=head, total_token=total_token, depth=depth, top_k=top_k, sampling=cfg, seed=0)
-    head = random_module(EagleHead(model.config), 2, std=0.3)  # drafts tokens the target gives p ~ 0.1-0.3
-    if method == "eagle":
-        return EagleDrafter(model, head=head, choices=SMOLLM2_EAGLE1 if shape == "smollm2" else "eagle_7b_25",
-                            sampling=cfg, seed=0)
-    if method == "eagle2":
-        total_token, depth, top_k = map(int, shape.split("/"))
-        return EagleDrafter(model, head=head, total_token=total_token, depth=depth, top_k=top_k, sampling=cfg, seed=0)
-    if method == "pld":
-        return PromptLookupDrafter(model, max_ngram_size=3, num_pred_tokens=10)
-    if method == "lookahead":
-        return LookaheadDrafter(model, window_size=15, ngram_size=5, guess_set_size=15)
-    if method == "rest":  # a datastore holding the prompt's continuations: retrieved drafts are frequent
-        generator = torch.Generator().manual_seed(3)
-        corpus = [PROMPT[i:] + torch.randint(0, VOCAB, (6,), generator=generator).tolist() for i in range(6)] * 3
-        path = write_datastore(tmp_path / "store.idx", corpus, sort_depth=8)
-        return RestDrafter(datastore={"path": str(path)}, num_draft=16, draft_length=4)
-    if method == "recycling":
-        return RecyclingDrafter(model)
-    if method == "samd":  # a short threshold, so that the prompt's repeats give chains as well as fallback trees
-        if shape == "eagle2":  # the EAGLE-2 fallback at SmolLM2's shipped tree (conf/model/smollm2_135m.yaml)
-            return SamdDrafter(model, len_threshold=2, fallback="eagle2",
-                               eagle2={"head": head, "total_token": 6, "depth": 2, "top_k": 2})
-        return SamdDrafter(model, len_threshold=2)
-    raise ValueError(name)
+    knobs = {**knobs, **(extra(model) if extra else {})}
+    cls = hydra.utils.get_class(knobs.pop("_target_"))
+    tiny = getattr(importlib.import_module(cls.__module__), "tiny_drafter", None)
+    if tiny is not None:
+        return tiny(model, cfg, knobs, tmp_path)
+    if cls.samples:
+        knobs["sampling"] = cfg
+    return cls(target=model, tokenizer=None, **knobs)
 
 
 def joint_counts(model, drafter, cfg: SamplingConfig, runs: int) -> tuple[dict[tuple, int], list[int]]:
@@ -157,33 +186,42 @@ def resample_from_p(logits, tree, cfg, generator) -> Acceptance:
         return Acceptance(rows, tokens)
 
 
-SHIPPED = ["vanilla", "sps", "medusa:8", "medusa:full", "hydra:16", "hydra:full", "eagle:smollm2", "eagle:vicuna",
-           "eagle2:8/3/2", "eagle2:60/5/10", "eagle2:4/3/3", "eagle2:6/2/4", "eagle3:8/3/2", "eagle3:60/7/10", "pld",
-           "lookahead", "rest", "recycling", "samd", "samd:eagle2"]
+def shipped_cases(method: str, every: bool = False) -> list[str]:
+    """The method's first discovered case (every one with `every`): a shape its configs ship."""
+    found = [case for case, found_method, _ in DISCOVERED if found_method == method]
+    assert found, f"conf/method/{method}.yaml is gone: choose another method here"
+    return found if every else found[:1]
 
 
-SAMPLING_DRAFTERS = ["vanilla", "sps", "medusa:8", "eagle:smollm2", "eagle2:8/3/2", "eagle2:60/5/10"]
-CASES = ([(name, "top_k") for name in SHIPPED]
-         + [(name, config) for config in ("t1", "top_p") for name in SAMPLING_DRAFTERS])
+# The drafters whose own probabilities enter the rule, and deterministic trees (static and dynamic), at temperature 1
+# and under top-p too
+SAMPLING_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_cases("medusa"),
+                     *shipped_cases("eagle"), *shipped_cases("eagle2", every=True)]
+# The broken-rule twin: a chain (SpS), static trees of deterministic (Medusa) and of drawn siblings (EAGLE), dynamic
+# trees (EAGLE-2)
+TWIN_DRAFTERS = [*shipped_cases("sps"), *shipped_cases("medusa"), *shipped_cases("eagle2", every=True),
+                 *shipped_cases("eagle")]
+SAMPLING_CASES = ([(case, "top_k") for case in CASES]
+                  + [(case, config) for config in ("t1", "top_p") for case in SAMPLING_DRAFTERS])
 
 
-@pytest.mark.parametrize("name, config", CASES)
-def test_method_samples_the_targets_joint_distribution(target, name, config, tmp_path):
+@pytest.mark.parametrize("case, config", SAMPLING_CASES)
+def test_method_samples_the_targets_joint_distribution(target, case, config, tmp_path):
     """Every method at every shipped shape under top-k sampling (the most powerful test here: 64 outcomes); the
     drafters whose own probabilities enter the rule, and a deterministic-tree method, also at temperature 1 and
     under top-p."""
     cfg = CONFIGS[config]
-    statistic, critical, accept_lengths = joint_test(target, make_drafter(name, target, cfg, tmp_path), cfg, 1200)
+    statistic, critical, accept_lengths = joint_test(target, make_drafter(case, target, cfg, tmp_path), cfg, 1200)
     assert statistic < critical, (statistic, critical)
-    if name not in ("vanilla", "pld", "lookahead"):  # the drafts were really tried: some steps accepted one
+    if CASES[case][0] not in ("vanilla", "pld", "lookahead"):  # the drafts were really tried: some steps accepted one
         assert max(accept_lengths) >= 2
 
 
-@pytest.mark.parametrize("name", ["sps", "medusa:8", "eagle2:8/3/2", "eagle2:60/5/10", "eagle:smollm2"])
-def test_the_joint_test_catches_a_broken_rule(target, name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", TWIN_DRAFTERS)
+def test_the_joint_test_catches_a_broken_rule(target, case, tmp_path, monkeypatch):
     monkeypatch.setattr("bench.engine.loop.speculative_sampling_accept", resample_from_p)
     cfg = CONFIGS["top_k"]
-    statistic, critical, _ = joint_test(target, make_drafter(name, target, cfg, tmp_path), cfg, 1200)
+    statistic, critical, _ = joint_test(target, make_drafter(case, target, cfg, tmp_path), cfg, 1200)
     assert statistic > critical, "the joint test failed to catch resampling from p instead of the residual"
 
 

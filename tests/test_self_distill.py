@@ -82,8 +82,8 @@ def sps_distill_config(tiny_checkpoint, corpus, tmp_path, *overrides):
 
 
 def test_the_sps_drafts_answer_loss_and_agreement_are_those_of_its_full_logits(tiny_checkpoint, corpus, tmp_path):
-    from methods.sps import slice_target
-    from methods.sps_train import answer_agreement, answer_loss, block_tensors, split_answers
+    from methods.sps.draft import slice_target
+    from methods.sps.train import answer_agreement, answer_loss, block_tensors, split_answers
 
     cfg = sps_distill_config(tiny_checkpoint, corpus, tmp_path)
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
@@ -110,7 +110,7 @@ def test_the_sps_drafts_answer_loss_and_agreement_are_those_of_its_full_logits(t
 
 
 def test_answer_batches_cover_every_block_once_an_epoch_and_resume_the_same_stream():
-    from methods.sps_train import answer_batches
+    from methods.sps.train import answer_batches
 
     blocks = [([i, i, 0], [True, False, False]) for i in range(5)]
     stream = answer_batches(blocks, 2, seed=3, start=0, device="cpu")
@@ -122,7 +122,7 @@ def test_answer_batches_cover_every_block_once_an_epoch_and_resume_the_same_stre
 
 def test_an_sps_stint_on_self_distilled_answers_records_its_data_and_agreement(tiny_checkpoint, corpus, tmp_path,
                                                                                one_thread):
-    from methods.sps_train import train
+    from methods.sps.train import train
 
     out_dir = train(sps_distill_config(tiny_checkpoint, corpus, tmp_path, "train.max_steps=3"))
     card = json.loads((out_dir / "card.json").read_text())

@@ -1,4 +1,4 @@
-"""SpS (methods/sps.py): lossless greedy decoding, a draft KV cache kept in sync, adaptive γ, draft artifacts."""
+"""SpS (methods/sps/): lossless greedy decoding, a draft KV cache kept in sync, adaptive γ, draft artifacts."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,8 @@ from transformers import DynamicCache
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
 from bench.artifacts import PROJECT_ROOT
-from methods.sps import DraftModelDrafter, load_draft, resolve_draft_path, save_draft, slice_target
+from methods.sps.draft import load_draft, resolve_draft_path, save_draft, slice_target
+from methods.sps.drafter import DraftModelDrafter
 from tests.conftest import make_tiny_model
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method
 
@@ -119,7 +120,7 @@ def test_missing_draft_names_its_path_and_how_to_make_it(tiny_model):
 @pytest.mark.parametrize("model", ["smollm2_135m", "vicuna_7b"])
 def test_config_points_the_drafter_at_the_model_draft(model):
     cfg = compose_method("sps", f"model={model}")
-    assert cfg.method.drafter._target_ == "methods.sps.DraftModelDrafter"
+    assert cfg.method.drafter._target_ == "methods.sps.drafter.DraftModelDrafter"
     assert cfg.method.drafter.draft_path == {"smollm2_135m": "artifacts/sps/smollm2_135m",
                                              "vicuna_7b": "double7/vicuna-68m"}[model]
     if model == "smollm2_135m":

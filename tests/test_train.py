@@ -1,4 +1,4 @@
-"""methods/sps_train.py: the ShareGPT reader, the distillation loss and the learning-rate schedule."""
+"""methods/sps/train.py: the ShareGPT reader, the distillation loss and the learning-rate schedule."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import torch
 from omegaconf import OmegaConf
 
-from methods import sps_train as train
+from methods.sps import train
 
 
 def test_sharegpt_reader_maps_roles_and_stops_at_a_truncated_record(tmp_path):

@@ -32,7 +32,8 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_has_bfloat16_matrix_instructi
 def test_a_bfloat16_step_runs_the_heads_in_bfloat16_and_keeps_weights_and_adam_in_float32():
     from methods.heads.common import DraftVocabulary
     from methods.heads.features import Features
-    from methods.heads.medusa_heads import MedusaHeads, MedusaRecipe
+    from methods.medusa.heads import MedusaHeads
+    from methods.medusa.train import MedusaRecipe
 
     torch.manual_seed(0)
     heads, lm_head = MedusaHeads(16, 2), torch.nn.Linear(16, 50, bias=False)
@@ -58,7 +59,7 @@ def card_of(tmp_path) -> dict:
 
 def test_stints_continue_the_committed_head_with_its_optimizer_state_or_a_warm_restart(tiny_checkpoint, corpus,
                                                                                        tmp_path, one_thread):
-    from methods.heads.medusa_heads import MedusaRecipe
+    from methods.medusa.train import MedusaRecipe
 
     train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64"), MedusaRecipe())
     first = card_of(tmp_path)
@@ -88,7 +89,7 @@ def test_stints_continue_the_committed_head_with_its_optimizer_state_or_a_warm_r
 
 def test_an_interrupted_stint_continues_from_its_crash_resume_file(tiny_checkpoint, corpus, tmp_path, one_thread,
                                                                   monkeypatch):
-    from methods.heads.medusa_heads import MedusaRecipe
+    from methods.medusa.train import MedusaRecipe
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
@@ -107,7 +108,7 @@ def test_an_interrupted_stint_continues_from_its_crash_resume_file(tiny_checkpoi
 def test_minutes_zero_prints_the_committed_eagle_heads_agreement_per_depth_and_writes_nothing(tiny_checkpoint, corpus,
                                                                                              tmp_path, one_thread,
                                                                                              capsys):
-    from methods.eagle import EagleRecipe
+    from methods.eagle.train import EagleRecipe
 
     train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle", "train.ttt_steps=2"), EagleRecipe(ttt_steps=2))
     card = card_of(tmp_path)
@@ -122,7 +123,7 @@ def test_minutes_zero_prints_the_committed_eagle_heads_agreement_per_depth_and_w
 
 def test_resume_without_a_committed_head_says_how_to_make_one(tiny_checkpoint, corpus, tmp_path, one_thread):
     from bench.errors import MissingArtifactError
-    from methods.hydra import HydraRecipe
+    from methods.hydra.train import HydraRecipe
 
     with pytest.raises(MissingArtifactError, match="train.resume=false"):
         train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.resume=true"), HydraRecipe())
@@ -161,7 +162,7 @@ def sps_config(checkpoint, tmp_path, *overrides: str):
 
 
 def test_sps_stints_continue_the_committed_draft(tiny_checkpoint, tmp_path, one_thread):
-    from methods.sps_train import train
+    from methods.sps.train import train
 
     out_dir = train(sps_config(tiny_checkpoint, tmp_path))
     weights = load_file(out_dir / "model.safetensors")

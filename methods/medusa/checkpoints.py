@@ -1,25 +1,4 @@
-"""Medusa-1 (Cai et al. 2024): K heads on the target's last hidden state draft a static token tree.
-
-Head k (0-based) maps the target's post-norm hidden state h_t at the last accepted token to a guess of the token
-k + 2 places ahead (the target's own LM head gives the next one, the tree's root). Each head is `num_layers`
-ResBlocks followed by a vocabulary projection: by default the target's own LM head (Medusa's later "shared head"
-choice, optionally a frequency-ranked slice of it), or one private projection per head as in the published
-checkpoints. The candidates form a sparse tree given as a choices list (`[[0], [0, 0], [1], ...]`: a path of
-top-k ranks, one per head), verified by the engine in one forward with tree attention; greedy and sampled
-acceptance are the engine's lossless rules (the tree's siblings are deterministic proposals).
-
-Checkpoints load from four formats: this project's (`python -m bench.train method=medusa`); FasterDecoding's
-Medusa-1 (`config.json` with `medusa_num_heads` + `medusa_lm_head.pt`, keys `{head}.{layer}.linear.*` and
-`{head}.{num_layers}.weight`); FasterDecoding's Medusa-2 (a full model folder, `config.json` with `medusa_num_heads`,
-the same keys under `medusa_head.` inside model.safetensors / pytorch_model.bin or their index-listed shards; only
-the head tensors are read, and since Medusa-2 also fine-tunes the base, the target must be that folder's own model);
-and NVIDIA ModelOpt's (`mto.save` of a model converted with `mtsp.convert(model, [("medusa", ...)])`, see
-methods/heads/modelopt.py). FasterDecoding's counts come from the weights, not config.json: the published Medusa-1 configs
-declare fewer heads than medusa_lm_head.pt holds (upstream's loader overrides them); a disagreement is warned about
-once. Upstream builds a head's ResBlocks as one module repeated (`[ResBlock] * num_layers`), so it applies the last
-stored copy num_layers times; so do we. Loading is strict: a missing, unexpected or mis-shaped tensor, or an
-unreadable file, is refused in one line (bench.errors.InvalidArtifactError).
-"""
+"""Medusa checkpoints: this project's, FasterDecoding's Medusa-1 and Medusa-2, and NVIDIA ModelOpt's; strictly."""
 from __future__ import annotations
 
 import re
@@ -28,13 +7,11 @@ from pathlib import Path
 
 import torch
 
-from bench.errors import InvalidArtifactError, MissingArtifactError
 from bench.artifacts import artifact_fingerprint
-from bench.engine.tree import DeviceTokens, DraftTree
-from methods.heads.common import (DraftVocabulary, LastFeatureDrafter, checkpoint_folder,
-                                  heads_or_checkpoint, load_strictly, read_heads, read_json, read_tensors)
-from methods.heads.medusa_heads import MedusaHeads
-from methods.heads.trees import static_tree
+from bench.errors import InvalidArtifactError, MissingArtifactError
+from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_json, read_tensors
+from methods.heads.saved import load_saved_heads
+from methods.medusa.heads import MedusaHeads
 
 TRAIN_COMMAND = "python -m bench.train method=medusa"
 UPSTREAM_FIX = (f"download the whole checkpoint folder again (huggingface-cli download <hub id>) or train heads "
@@ -54,7 +31,7 @@ def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocab
     if folder.is_file() or any((folder / f).exists() for f in MODELOPT_FILES):
         # NVIDIA ModelOpt: an mto.save file (train.backend=modelopt names it modelopt_medusa.pth), or a
         # save_pretrained folder with ModelOpt's modelopt_state.pth beside the weights
-        from methods.heads.modelopt import load_modelopt_medusa
+        from methods.medusa.modelopt import load_modelopt_medusa
 
         heads, vocab = load_modelopt_medusa(folder, target)
         return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
@@ -65,11 +42,8 @@ def load_medusa(checkpoint: str | Path, target) -> tuple[MedusaHeads, DraftVocab
         heads = _upstream_heads(source, state, config, hidden_size, vocab_size)
         vocab = DraftVocabulary(lm_head)
     else:
-        config, state = read_heads(folder, "medusa", TRAIN_COMMAND)
-        heads = MedusaHeads(lm_head.weight.shape[1], config["num_heads"], config["num_layers"])
-        load_strictly(heads, {k: v for k, v in state.items() if k != "draft_vocab_ids"}, folder / "model.safetensors",
-                      f"remake it with: {TRAIN_COMMAND}")
-        vocab = DraftVocabulary(lm_head, state.get("draft_vocab_ids"))
+        heads, vocab = load_saved_heads(folder, "medusa", lambda config: MedusaHeads(
+            lm_head.weight.shape[1], config["num_heads"], config["num_layers"]), lm_head, TRAIN_COMMAND)
     return heads.to(target.device, target.dtype).eval(), vocab, artifact_fingerprint(folder)
 
 
@@ -136,30 +110,3 @@ def _is_earlier_block_copy(name: str, num_layers: int) -> bool:
     """`{h}.{l}.linear.*` with l < num_layers - 1: a copy of the shared ResBlock that upstream's loading overwrites."""
     match = UPSTREAM_KEY.fullmatch(name)
     return bool(match) and match.group(3) != "weight" and int(match.group(2)) < num_layers - 1
-
-
-class MedusaDrafter(LastFeatureDrafter):
-    """Proposes Medusa's static tree: node (head k, rank r) is head k's r-th most likely token."""
-
-
-    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
-                 tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
-        self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
-        self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
-        self.num_used_heads = int(node_heads.max()) + 1
-        self.top_k = int(node_ranks.max()) + 1
-        device = target.device
-        self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
-
-    @torch.inference_mode()
-    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
-        """The static tree with this step's candidates, left on the device: the engine reads them back with its
-        acceptance copy, so drafting makes no host sync."""
-        if max_tokens <= 1:
-            return None
-        candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
-                                  for k in range(self.num_used_heads)])  # [heads, top_k]
-        tokens = self.vocab.to_token_ids(candidates[self.node_heads, self.node_ranks])  # [n]
-        return self.template.with_tokens(DeviceTokens(tokens))
-
-

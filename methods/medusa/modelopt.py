@@ -33,9 +33,10 @@ from torch import nn
 
 from bench.errors import MissingArtifactError
 from methods.heads.common import DraftVocabulary
-from methods.heads.medusa_heads import MedusaHeads, MedusaRecipe
+from methods.medusa.heads import MedusaHeads
+from methods.medusa.train import MedusaRecipe
 
-SAVED_FILE = "modelopt_medusa.pth"  # what train.backend=modelopt writes with mto.save (methods/medusa.py detects it)
+SAVED_FILE = "modelopt_medusa.pth"  # what train.backend=modelopt writes with mto.save (checkpoints.py detects it)
 HF_STATE_FILE = "modelopt_state.pth"  # ModelOpt's Hugging Face checkpointing, beside save_pretrained's weights
 INSTALL = 'pip install -e ".[modelopt]"'
 

@@ -1,0 +1,43 @@
+"""Medusa's drafter (`method=medusa`): the static tree of the heads' top-k candidates."""
+from __future__ import annotations
+
+import torch
+
+from bench.engine.sampling import SamplingConfig
+from bench.engine.tree import DeviceTokens, DraftTree
+from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
+from methods.heads.tiny import random_weights
+from methods.heads.trees import static_tree
+from methods.medusa.checkpoints import load_medusa
+from methods.medusa.heads import MedusaHeads
+
+
+class MedusaDrafter(LastFeatureDrafter):
+    """Proposes Medusa's static tree: node (head k, rank r) is head k's r-th most likely token."""
+
+    def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
+                 tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
+        self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
+        self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
+        self.num_used_heads = int(node_heads.max()) + 1
+        self.top_k = int(node_ranks.max()) + 1
+        device = target.device
+        self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        """The static tree with this step's candidates, left on the device: the engine reads them back with its
+        acceptance copy, so drafting makes no host sync."""
+        if max_tokens <= 1:
+            return None
+        candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
+                                  for k in range(self.num_used_heads)])  # [heads, top_k]
+        tokens = self.vocab.to_token_ids(candidates[self.node_heads, self.node_ranks])  # [n]
+        return self.template.with_tokens(DeviceTokens(tokens))
+
+
+def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> MedusaDrafter:
+    """For the tests: this drafter at `knobs`' tree over 4 random heads for a tiny target
+    (tests/test_sampling_methods.py)."""
+    heads = random_weights(MedusaHeads(target.config.hidden_size, 4), seed=1).to(target.dtype)
+    return MedusaDrafter(target, choices=knobs["choices"], tree_size=knobs["tree_size"], heads=heads)

@@ -1,0 +1,88 @@
+"""SpS's drafter (`method=sps`): the draft model autoregresses a chain of γ tokens with its own KV cache."""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from bench.artifacts import artifact_fingerprint
+from bench.engine.drafter import Drafter, StepResult
+from bench.engine.kvcache import new_cache
+from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.tree import DraftTree
+from methods.sps.draft import load_draft, resolve_draft_path, slice_target
+
+
+class DraftModelDrafter(Drafter):
+    """Proposes a chain of `num_draft_tokens` (γ) tokens sampled (or, under greedy, argmax-picked) from the draft.
+
+    Spec-Bench ran transformers 4.36's assisted generation, whose defaults were γ = 5 and the "heuristic" schedule;
+    `adaptive` is that schedule (γ + 2 after a fully accepted chain, else γ - 1, at least 1), reset every turn.
+    `sampling` must be the run's SamplingConfig so that q is processed like p; without it the draft proposes its
+    argmax with q = None, which the acceptance rule treats as a deterministic (still lossless) proposal.
+    """
+
+    samples = True
+
+    def __init__(self, target, tokenizer=None, draft_path: str | None = None, num_draft_tokens: int = 5,
+                 adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,
+                 draft_model=None, train_command: str = "python -m bench.train method=sps"):
+        self.draft = draft_model if draft_model is not None else load_draft(draft_path, target, train_command)
+        # Identifies the weights in run keys (None for a model passed in).
+        self.artifact = (artifact_fingerprint(resolve_draft_path(draft_path) or draft_path) if draft_model is None
+                         else None)
+        self.initial_draft_tokens = self.num_draft_tokens = num_draft_tokens
+        self.adaptive = adaptive
+        self.sampling = sampling or SamplingConfig()
+        self.fallback_seed, self.generator = seed, None  # start() seeds the generator for each turn
+        self.cache: DynamicCache | None = None
+        self._base = 0  # len(context) at the last proposal: the cache length to keep before accepted drafts
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int], seed: int | None = None) -> None:
+        """A fresh draft cache and γ; the draws come from `seed` (the engine's drafter seed for this turn), or, when
+        the turn has none, from the constructor's `seed` (None: torch's global generator)."""
+        seed = self.fallback_seed if seed is None else seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        self.num_draft_tokens = self.initial_draft_tokens
+        self.cache = new_cache()
+        self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal
+        self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
+        self._base = len(context)
+        n = min(self.num_draft_tokens, max_tokens - 1)  # a step adds accepted drafts + 1 bonus token
+        if n <= 0:
+            return None
+        # the root, plus the last chain's final draft if all were kept
+        ids = torch.tensor([context[self.cache.get_seq_length():]], device=self.draft.device)
+        drafted, probs = [], []
+        for _ in range(n):
+            logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # [vocab]
+            if self.sampling.greedy:  # stays on the device: one host sync per chain, not per token
+                ids = logits.argmax().view(1, 1)
+            else:  # the sampler's generator lives on the CPU
+                q = logits_to_probs(logits, self.sampling).cpu()  # [vocab]
+                ids = torch.tensor([[sample(q, self.generator)]], device=self.draft.device)
+                probs.append(q)
+            drafted.append(ids)
+        return DraftTree.chain(torch.cat(drafted).flatten().tolist(), torch.stack(probs) if probs else None)
+
+    def update(self, step: StepResult) -> None:
+        accepted = step.acceptance.num_accepted_drafts
+        surplus = self.cache.get_seq_length() - (self._base + accepted)  # cache keeps context + accepted drafts
+        if surplus > 0:
+            self.cache.crop(-surplus)
+        if self.adaptive and step.tree is not None and len(step.tree):
+            full = accepted == len(step.tree)
+            self.num_draft_tokens = self.num_draft_tokens + 2 if full else max(1, self.num_draft_tokens - 1)
+
+
+def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> DraftModelDrafter:
+    """For the tests: a draft of a tiny target's own two layers with its final norm flattened (q overlaps p: steps
+    both accept and reject), at `knobs`' γ and schedule (tests/test_sampling_methods.py)."""
+    draft = slice_target(target, [0, 1])
+    with torch.no_grad():
+        draft.model.norm.weight.mul_(0.3)
+    return DraftModelDrafter(target, draft_model=draft, num_draft_tokens=knobs["num_draft_tokens"],
+                             adaptive=knobs["adaptive"], sampling=sampling, seed=0)
