@@ -122,5 +122,5 @@ def test_every_head_trainer_writes_the_checkpoint_its_drafter_reads(method, arti
 
 
 def test_the_sps_trainer_writes_the_draft_its_drafter_reads():
-    """methods/sps_train.py writes to method.drafter.draft_path."""
+    """methods/sps/train.py writes to method.drafter.draft_path."""
     assert train_config("sps").method.drafter.draft_path == "artifacts/sps/smollm2_135m"

@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt's Medusa (methods/heads/modelopt.py, optional extra `.[modelopt]`; CI installs it): convert, train
+"""NVIDIA ModelOpt's Medusa (methods/medusa/modelopt.py, optional extra `.[modelopt]`; CI installs it): convert, train
 the heads with the base frozen, mto.save / mto.restore, and our MedusaDrafter driving the restored heads."""
 from __future__ import annotations
 

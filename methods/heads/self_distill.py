@@ -1,6 +1,6 @@
 """Stage 1 of training, self-distillation (`features.source=self_distill`): the target's own greedy answers to
 ShareGPT prompts, read from `AnswerSettings` and handed on as training sequences (`answer_sequences`) to the
-feature cache (methods/heads/features.py) or the SpS draft's trainer (methods/sps_train.py).
+feature cache (methods/heads/features.py) or the SpS draft's trainer (methods/sps/train.py).
 
 Medusa-2 and EAGLE recommend training heads on what the target itself writes, not on ShareGPT's ChatGPT answers:
 the heads then learn the distribution they will draft for. The prompts are the first user turns of the ShareGPT

@@ -6,7 +6,7 @@
    ShareGPT first turns, handed on as training sequences;
 2. the feature cache (methods/heads/features.py): those sequences, or ShareGPT's, with the target's features and
    own next-token predictions, cached once and handed on as `Features`;
-3. the training loop (here): the method's head module and loss (its `recipe`, e.g. methods.medusa.MedusaRecipe)
+3. the training loop (here): the method's head module and loss (its `recipe`, e.g. methods.medusa.train.MedusaRecipe)
    trained with the target frozen -> a checkpoint folder with a card.json.
 
 Each stage reads its typed settings (methods/heads/settings.py), made once from the config by `train_heads`, and
@@ -239,7 +239,7 @@ def draft_vocabulary_ids(settings: TrainSettings, train_set: Features, target, t
 
 
 def write_heads(out_dir: Path, recipe: Recipe, module: nn.Module, vocab_ids, card: dict, tcfg: DictConfig) -> None:
-    if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/heads/modelopt.py: mto.save)
+    if hasattr(recipe, "save"):  # a recipe with a format of its own (methods/medusa/modelopt.py: mto.save)
         recipe.save(out_dir, module, card)
         return
     in_module = vocab_ids is None or hasattr(recipe, "vocabulary_ids")  # EAGLE-3's d2t / t2d are module buffers
