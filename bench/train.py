@@ -1,4 +1,5 @@
-"""Train a method's draft weights: `python -m bench.train method=<sps|medusa|eagle|hydra> [model=<model>] [train.<key>=...]`
+"""`python -m bench.train method=<sps|medusa|eagle|eagle3|hydra> [model=<model>] [train.<key>=...]`: train a method's
+draft weights (`specbench-train` is the same command).
 
 Hydra app over conf/ (primary config conf/train.yaml, recipe conf/train/<method>.yaml). The trained-head methods
 (Medusa, EAGLE, Hydra) share one pipeline, methods/heads/training.py, whose recipe names the method's head and
@@ -8,15 +9,26 @@ from the committed weights, `train.minutes=0` to print the committed weights' he
 """
 from __future__ import annotations
 
-import hydra
-import hydra.utils
 from omegaconf import DictConfig
 
-from bench.artifacts import PROJECT_ROOT
+from bench.config import fold_deprecated, run_hydra_command
+from bench.errors import exit_on_user_error
 
 
-@hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main() -> None:
+    run_hydra_command(train, "train", folders={"method": "train"})  # a method without a recipe has nothing to train
+
+
+def train(cfg: DictConfig) -> None:
+    """Train the method of the composed `cfg` with its recipe's trainer (old spellings folded first); a setting or an
+    artifact to fix is one `error:` line, exit status 2."""
+    with exit_on_user_error():
+        _dispatch(fold_deprecated(cfg))
+
+
+def _dispatch(cfg: DictConfig) -> None:
+    import hydra.utils
+
     if cfg.train.get("backend", "native") == "modelopt":  # NVIDIA ModelOpt's Medusa (optional extra)
         from methods.heads.modelopt import train_modelopt_medusa
 
@@ -26,9 +38,9 @@ def main(cfg: DictConfig) -> None:
 
         train_heads(cfg, hydra.utils.instantiate(cfg.train.recipe))
     else:
-        from methods.sps_train import train
+        from methods.sps_train import train as train_draft
 
-        train(cfg)
+        train_draft(cfg)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ import copy
 from bench.engine.drafter import Drafter, start_drafter
 from bench.engine.tree import DraftTree
 from bench.errors import MissingArtifactError
+from bench.knobs import at_least, check_knobs, one_of
 from methods.eagle import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
 from methods.eagle import EagleDrafter
-from methods.rest_datastore import datastore_path
 from methods.recycling import RecyclingDrafter
+from methods.rest_datastore import datastore_path
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "eagle2", "none")
@@ -45,15 +46,15 @@ class SamdDrafter(Drafter):
     total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
     """
 
+    knob_rules = {"n_predicts": at_least(2), "len_threshold": at_least(1), "fallback": one_of(*FALLBACKS)}
+    nested_knobs = {"recycling": RecyclingDrafter}  # the Token Recycling fallback's knobs
+
     def __init__(self, target=None, tokenizer=None, n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
                  fallback: str = "recycling", recycling: dict | None = None, eagle2: dict | None = None,
                  corpus: dict | None = None,
-                 build_command: str = "python -m methods.suffix_automaton model=<model>"):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"SAM-Decoding: fallback={fallback!r}; set method.drafter.fallback to one of "
-                             f"{', '.join(FALLBACKS)}")
-        if n_predicts < 2 or len_threshold < 1:
-            raise ValueError(f"SAM-Decoding: bad knobs {n_predicts=} (>= 2), {len_threshold=} (>= 1)")
+                 build_command: str = "python -m bench.datastore method=samd model=<model>"):
+        check_knobs(type(self), n_predicts=n_predicts, len_threshold=len_threshold, len_bias=len_bias,
+                    fallback=fallback, recycling=recycling, eagle2=eagle2, corpus=corpus, build_command=build_command)
         self.n_predicts, self.len_threshold, self.len_bias = n_predicts, len_threshold, len_bias
         self.fallback = build_fallback(fallback, target, tokenizer, recycling or {}, eagle2 or {})
         self.feature_layers = tuple(getattr(self.fallback, "feature_layers", ()))  # EAGLE-2's: the engine's features
