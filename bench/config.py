@@ -18,7 +18,7 @@ NOUNS = {"train": "methods with a training recipe"}  # how a choice listing name
 def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
     """conf/config.yaml with Hydra `overrides`, as `python -m bench ...` composes it, without running anything."""
     refuse_unknown_choices(overrides)
-    return fold_deprecated(_compose("config", list(overrides), return_hydra_config))
+    return fold_deprecated(compose_checked("config", list(overrides), return_hydra_config))
 
 
 def _compose(config_name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
@@ -105,20 +105,19 @@ def refuse_unknown_choices(overrides: Iterable[str], folders: Mapping[str, str] 
         raise ConfigError("\n".join(problems))
 
 
-def refuse_unknown_keys(config_name: str, overrides: list[str]) -> None:
-    """Compose conf/<config_name>.yaml with `overrides` (not a sweep) as Hydra is about to, and refuse in one line
-    what Hydra would refuse with a page: a key the config lacks (for a drafter knob, with its drafter's knobs).
-    Other composition errors are left for Hydra to report."""
+def compose_checked(config_name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """conf/<config_name>.yaml composed with `overrides` (not a sweep), where what Hydra refuses with a page is
+    refused in one line (ConfigError): an override of a key the config lacks; of a drafter knob, naming its drafter's
+    knobs. Other composition errors are Hydra's."""
     from hydra.errors import HydraException
 
     try:
-        _compose(config_name, overrides)
-        return
+        return _compose(config_name, overrides, return_hydra_config)
     except HydraException as err:
         key = getattr(err.__cause__, "full_key", None)
-    given = next((o for o in overrides if key and o.split("=", 1)[0] == key), None)
-    if given is None:
-        return
+        given = next((o for o in overrides if key and o.split("=", 1)[0] == key), None)
+        if given is None:
+            raise
     if key.startswith("method.drafter."):  # as a new key, for the drafter's own check to name
         from bench.validate import drafter_problems
 
@@ -126,6 +125,21 @@ def refuse_unknown_keys(config_name: str, overrides: list[str]) -> None:
         if problems := drafter_problems(_compose(config_name, added).method):
             raise ConfigError("\n".join(problems))
     raise ConfigError(f"{given}: the config has no key {key} (+{given} adds one)")
+
+
+def unknown_keys(config_name: str, overrides: list[str]) -> list[str]:
+    """compose_checked's one-line refusal of `overrides`, if any (other composition errors are left to Hydra)."""
+    from hydra.errors import HydraException
+
+    if any(o.lstrip("+~").startswith("hydra") for o in overrides):
+        return []  # Hydra's own settings: only a Hydra app composes them
+    try:
+        compose_checked(config_name, overrides)
+    except ConfigError as err:
+        return str(err).splitlines()
+    except HydraException:
+        pass
+    return []
 
 
 def command_line_overrides(argv: list[str]) -> tuple[list[str], bool]:
@@ -153,6 +167,6 @@ def run_hydra_command(app: Callable[[DictConfig], None], config_name: str,
     overrides, multirun = command_line_overrides(sys.argv[1:])
     with exit_on_user_error():
         refuse_unknown_choices(overrides, folders)
-        if not multirun and not any(o.startswith("hydra") for o in overrides):
-            refuse_unknown_keys(config_name, overrides)
+        if not multirun and (problems := unknown_keys(config_name, overrides)):
+            raise ConfigError("\n".join(problems))
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(app)()

@@ -33,6 +33,13 @@ def one_of(*allowed: str) -> Rule:
     return lambda value, knobs: None if value in allowed else f"must be one of {', '.join(allowed)}"
 
 
+def shown(value) -> str:
+    """A value as the command line writes it: true, null, 3, [0, 1]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
 def knob_types(cls: type) -> dict[str, Any]:
     """Each knob of `cls` -> its annotation (Any where it has none or it does not resolve)."""
     parameters = inspect.signature(cls.__init__).parameters
@@ -77,9 +84,9 @@ def knob_problems(cls: type, knobs: dict, prefix: str = PREFIX) -> list[str]:
     types_ = knob_types(cls)
     unknown = [name for name in knobs if name not in types_]
     if unknown:
-        return [f"{prefix}.{name}={knobs[name]}: {cls.__name__} has no such knob; its knobs: {', '.join(types_)}"
+        return [f"{prefix}.{name}={shown(knobs[name])}: {cls.__name__} has no such knob; its knobs: {', '.join(types_)}"
                 for name in unknown]
-    problems = [f"{prefix}.{name}={value}: must be {describe(types_[name])}" for name, value in knobs.items()
+    problems = [f"{prefix}.{name}={shown(value)}: must be {describe(types_[name])}" for name, value in knobs.items()
                 if not fits(value, types_[name])]
     if problems:
         return problems
@@ -91,7 +98,7 @@ def knob_problems(cls: type, knobs: dict, prefix: str = PREFIX) -> list[str]:
             problems += knob_problems(nested, value, f"{prefix}.{name}")
         rule = getattr(cls, "knob_rules", {}).get(name)
         said = rule(value, every) if rule is not None else None
-        problems += [f"{prefix}.{name}={value}: {said}"] if said else []
+        problems += [f"{prefix}.{name}={shown(value)}: {said}"] if said else []
     return problems
 
 

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 from bench.artifacts import PROJECT_ROOT
-from bench.config import compose_config, config_choices, unknown_choice, unknown_choices
+from bench.config import compose_config, config_choices, unknown_choice, unknown_choices, unknown_keys
 from bench.errors import MissingArtifactError
 from bench.report.regress import RegressError, regress
 from bench.report.render import write_report
@@ -145,13 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     known = available_methods()
     methods = args.methods.split(",") if args.methods else known
-    if unknown := [unknown_choice("method", m) for m in methods if m not in known] + unknown_choices(args.overrides):
-        parser.error("; ".join(unknown))
     if strays := [o for o in args.overrides if "=" not in o and not o.startswith("~")]:  # `--methods a b` leaves b here
         hint = (f"; --methods takes one comma-separated list: --methods {','.join([*methods, *strays])}"
                 if all(o in known for o in strays) else "")
         parser.error(f"not a Hydra override (key=value): {' '.join(strays)}{hint}")
-    sys.exit(smoke(args.out, methods, [*DEFAULT_OVERRIDES, *args.overrides], args.baseline, args.update))
+    overrides = [*DEFAULT_OVERRIDES, *args.overrides]
+    if problems := [unknown_choice("method", m) for m in methods if m not in known] + unknown_choices(overrides) \
+            + unknown_keys("config", [f"method={methods[0]}", *overrides]):
+        parser.error("; ".join(problems))
+    sys.exit(smoke(args.out, methods, overrides, args.baseline, args.update))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ from omegaconf import OmegaConf
 from bench import label_of, sizing_of
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config, fold_deprecated
+from bench.errors import ConfigError
 from bench.measure.provenance import run_keys
 from bench.measure.run import run
 from bench.records import config_key, read_jsonl
+from bench.validate import validate
 
 CPU = torch.device("cpu")
 
@@ -44,6 +46,16 @@ def test_old_spellings_compose_to_the_same_policy_with_one_deprecation_line(caps
     assert run_keys(folded, CPU, None) == run_keys(plain, CPU, None)
     fold_deprecated(folded)  # folded once: a second fold (run() after compose_config) says nothing
     assert capsys.readouterr().err == ""
+
+
+def test_an_old_spelling_of_no_meaning_or_on_vanilla_is_refused_in_one_line(capsys):
+    with pytest.raises(ConfigError) as error:
+        compose_config("method=pld", "method.budget=sometimes")
+    assert str(error.value) == "method.budget=sometimes: must be upstream or auto (deprecated: method.sizing)"
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("method=vanilla", "+method.batch_policy=adaptive"))
+    assert str(error.value) == "method.sizing=auto: method=vanilla drafts nothing, so there is nothing to size"
+    assert capsys.readouterr().err == "warning: method.batch_policy=adaptive is deprecated: use method.sizing=auto\n"
 
 
 def test_the_cli_folds_an_old_spelling_before_naming_its_folder():

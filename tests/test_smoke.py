@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench import smoke as smoke_module
-from bench.errors import MissingArtifactError
 from bench.artifacts import PROJECT_ROOT
+from bench.errors import MissingArtifactError
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 
