@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Mapping
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning, sizing_of
 from bench.artifacts import PROJECT_ROOT
@@ -32,7 +32,8 @@ def fold_deprecated(cfg: DictConfig) -> DictConfig:
     """`cfg` with each old spelling that is set folded into the key that replaced it, one stderr warning each, and set
     to null (a second fold says nothing): `method.budget` and `method.batch_policy` into method.sizing (auto when any
     spelling says auto), `train.max_minutes` into train.minutes (it wins, as it always did). An old spelling's value
-    that means nothing is refused (ConfigError); a bad method.sizing is left for bench.validate to name."""
+    that means nothing, or that asks vanilla for sizing, is refused (ConfigError); a bad method.sizing is left for
+    bench.validate to name."""
     if cfg.get("method") is not None:
         _fold_sizing(cfg.method)
     train = cfg.get("train")
@@ -44,15 +45,18 @@ def fold_deprecated(cfg: DictConfig) -> DictConfig:
 
 def _fold_sizing(method: DictConfig) -> None:
     given = {key: method.get(key) for key in DEPRECATED_SIZING if method.get(key) is not None}
-    if bad := [key for key in given if deprecated_meaning(method, key) is None]:
-        raise ConfigError("\n".join(f"method.{key}={given[key]}: must be {' or '.join(DEPRECATED_SIZING[key])} "
-                                    f"(deprecated: method.sizing)" for key in bad))
-    if not given or method.get("sizing") not in (None, *SIZINGS):
+    problems = [f"method.{key}={value}: must be {' or '.join(DEPRECATED_SIZING[key])} (deprecated: method.sizing)"
+                for key, value in given.items() if deprecated_meaning(method, key) is None]
+    if "sizing" not in method:  # vanilla
+        problems += [f"method.{key}={value}: method={method.name} drafts nothing, so there is nothing to size"
+                     for key, value in given.items() if deprecated_meaning(method, key) == "auto"]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if not given or method.get("sizing") not in SIZINGS:  # a bad sizing: bench.validate names it
         return
     for key, value in given.items():
         _warn(f"method.{key}", value, "method.sizing", deprecated_meaning(method, key))
-    with open_dict(method):  # vanilla has no sizing: bench.validate then says there is nothing to size
-        method.sizing = sizing_of(method)
+    method.sizing = sizing_of(method)
     for key in given:
         method[key] = None
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.errors import ConfigError
 
-Rule = Callable[[Any, dict], "str | None"]
+Rule = Callable[[Any, dict], str | None]
 PREFIX = "method.drafter"  # where a run's config holds the knobs
 SUPPLIED = frozenset({"self", "target", "tokenizer", "sampling"})  # what the engine passes: not knobs
 INJECTED = frozenset({"head", "heads", "vocab", "draft_model"})  # objects tests pass in place of a checkpoint
@@ -59,7 +59,7 @@ def fits(value, hint) -> bool:
         return any(fits(value, member) for member in typing.get_args(hint))
     if origin in (list, tuple):
         members = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        return isinstance(value, (list, tuple)) and all(fits(v, members[0]) for v in value if members)
+        return isinstance(value, (list, tuple)) and (not members or all(fits(v, members[0]) for v in value))
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     if hint is float:

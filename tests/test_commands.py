@@ -58,3 +58,27 @@ def test_each_command_runs_as_a_script_and_docs_running_lists_it(module):
     path = PROJECT_ROOT / (module.replace(".", "/") + ".py")
     assert runs_as_script(ast.parse(path.read_text()))
     assert f"`{COMMANDS[module]}" in (PROJECT_ROOT / "docs" / "running.md").read_text()
+
+
+def test_the_datastore_command_builds_rest_or_samd_and_refuses_other_methods(monkeypatch, capsys):
+    from hydra import compose, initialize_config_dir
+
+    import bench.datastore
+    import methods.rest_datastore
+    import methods.suffix_automaton
+
+    built = []
+    monkeypatch.setattr(methods.rest_datastore, "build", lambda cfg: built.append(("rest", cfg.datastore.path)))
+    monkeypatch.setattr(methods.suffix_automaton, "build",
+                        lambda cfg: built.append(("samd", cfg.method.drafter.corpus.max_conversations)))
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        configs = [compose("build_datastore", overrides=overrides) for overrides in (
+            ["datastore.path=/tmp/x.idx"], ["method=samd", "method.drafter.corpus.max_conversations=300"],
+            ["method=eagle"])]
+    bench.datastore.build(configs[0])
+    bench.datastore.build(configs[1])
+    assert built == [("rest", "/tmp/x.idx"), ("samd", 300)]
+    with pytest.raises(SystemExit) as refused:
+        bench.datastore.build(configs[2])
+    assert refused.value.code == 2 and capsys.readouterr().err == \
+        "error: method=eagle: has no corpus index to build; methods with one: rest, samd\n"

@@ -19,7 +19,6 @@ from bench.errors import ConfigError
 from bench.measure.provenance import run_keys
 from bench.measure.run import run
 from bench.records import config_key, read_jsonl
-from bench.validate import validate
 
 CPU = torch.device("cpu")
 
@@ -48,14 +47,15 @@ def test_old_spellings_compose_to_the_same_policy_with_one_deprecation_line(caps
     assert capsys.readouterr().err == ""
 
 
-def test_an_old_spelling_of_no_meaning_or_on_vanilla_is_refused_in_one_line(capsys):
+def test_an_old_spelling_of_no_meaning_or_asking_vanilla_for_sizing_is_refused_in_one_line(capsys):
     with pytest.raises(ConfigError) as error:
         compose_config("method=pld", "method.budget=sometimes")
     assert str(error.value) == "method.budget=sometimes: must be upstream or auto (deprecated: method.sizing)"
     with pytest.raises(ConfigError) as error:
-        validate(compose_config("method=vanilla", "+method.batch_policy=adaptive"))
-    assert str(error.value) == "method.sizing=auto: method=vanilla drafts nothing, so there is nothing to size"
-    assert capsys.readouterr().err == "warning: method.batch_policy=adaptive is deprecated: use method.sizing=auto\n"
+        compose_config("method=vanilla", "+method.batch_policy=adaptive", "+method.budget=upstream")
+    assert str(error.value) == \
+        "method.batch_policy=adaptive: method=vanilla drafts nothing, so there is nothing to size"
+    assert capsys.readouterr().err == ""
 
 
 def test_the_cli_folds_an_old_spelling_before_naming_its_folder():
