@@ -2,6 +2,7 @@
 and what it accepts (drafter knobs included), then turned into bench.settings.RunSettings."""
 from __future__ import annotations
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -68,8 +69,6 @@ def drafter_problems(method: DictConfig) -> list[str]:
         return [f"method.drafter: {str(err).splitlines()[0]}"]
     target = knobs.pop("_target_", None)
     try:
-        from hydra.utils import get_class
-
         drafter = get_class(target)
     except Exception as err:  # noqa: BLE001 - any failure to import it is the same mistake
         return [f"method.drafter._target_={target}: not an importable class ({str(err).splitlines()[0]})"]
