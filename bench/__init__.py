@@ -2,7 +2,10 @@
 from omegaconf import OmegaConf
 
 SIZINGS = ("upstream", "auto")  # method.sizing (conf/method/shared/speculation.yaml)
-DEPRECATED_SIZING = {  # method.sizing's old spellings: {their value: the sizing it means}
+# method.sizing's old spellings: {their value: the sizing it means}. bench.config.fold_deprecated folds them out of a
+# run's config (the one place that does); sizing_of reads them where they stay: meta.json of older runs, and the
+# config Hydra names a run's folder from before the fold.
+DEPRECATED_SIZING = {
     "budget": {"upstream": "upstream", "auto": "auto"},  # batch 1's name
     "batch_policy": {"always": "upstream", "adaptive": "auto"},  # gen.batch_size > 1's name
 }

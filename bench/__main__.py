@@ -1,31 +1,34 @@
-"""`python -m bench method=<m> task=<t> model=<model> [overrides]`: run one benchmark (Hydra app)."""
+"""`python -m bench method=<m> task=<t> model=<model> [overrides]`: run one benchmark (Hydra app over
+conf/config.yaml; `specbench` is the same command)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from bench.errors import MissingArtifactError
-from bench.errors import ConfigError
+from bench.config import fold_deprecated, run_hydra_command
+from bench.errors import exit_on_user_error
+from bench.settings import RunSettings
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main() -> None:
+    run_hydra_command(benchmark, "config")
+
+
+def benchmark(cfg: DictConfig) -> None:
+    """One run of the composed `cfg`: its settings checked (one `error:` line per bad value, exit status 2) before
+    anything loads."""
     from bench.engine.kvcache import UnsupportedModelError
     from bench.measure.run import run
+    from bench.validate import validate
 
-    try:
-        with sweep_claim(cfg):
+    with exit_on_user_error(UnsupportedModelError):
+        settings = validate(fold_deprecated(cfg))
+        with sweep_claim(settings):
             run(cfg)
-    except (MissingArtifactError, ConfigError, UnsupportedModelError) as err:
-        for line in str(err).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)
 
 
-def sweep_claim(cfg: DictConfig):
+def sweep_claim(settings: RunSettings):
     """A CPU job of a multirun claims its torch threads among its sweep's jobs (bench.measure.core_claims); other
     runs (single runs, GPU jobs, server backends, whose engine is timed elsewhere) claim nothing."""
     from contextlib import nullcontext
@@ -39,8 +42,8 @@ def sweep_claim(cfg: DictConfig):
     from bench.models import resolve_device
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN or cfg.get("backend", "engine") != "engine" or \
-            resolve_device(str(cfg.get("device", "auto"))).type != "cpu":
+    if hydra_cfg.mode != RunMode.MULTIRUN or settings.backend != "engine" or \
+            resolve_device(settings.device).type != "cpu":
         return nullcontext()
     return claim_cores(Path(hydra_cfg.sweep.dir) / ".core_claims", torch.get_num_threads(), available_cores())
 

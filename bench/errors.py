@@ -1,6 +1,10 @@
-"""The errors a user fixes by a setting or a command: `python -m bench` prints their one-line messages and exits
-with status 2, without a traceback."""
+"""The errors a user fixes by a setting or a command: every command prints their one-line messages and exits with
+status 2, without a traceback (exit_on_user_error)."""
 from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class MissingArtifactError(RuntimeError):
@@ -14,3 +18,15 @@ class InvalidArtifactError(MissingArtifactError):
 
 class ConfigError(ValueError):
     """Values a run cannot use; the message has one line per problem (`python -m bench` exits with status 2)."""
+
+
+@contextmanager
+def exit_on_user_error(*also: type[Exception]) -> Iterator[None]:
+    """A ConfigError, a MissingArtifactError or one of `also` raised inside ends the command: one `error: <line>` on
+    stderr per line of its message, exit status 2."""
+    try:
+        yield
+    except (ConfigError, MissingArtifactError, *also) as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)

@@ -1,5 +1,36 @@
-"""`python -m bench.profile model=<m> [...]`: measure the target's forward times (bench/planning/profile.py)."""
-from bench.planning.profile import main
+"""`python -m bench.profile model=<m> [device=...] [gen.batch_size=B] [profile.force=true]`: measure the target's
+forward times t(L, c) for the cost model (bench/planning/profile.py), unless a profile for this setting exists.
+
+The arguments are overrides of conf/config.yaml, as `python -m bench` takes them (composed, not run as a Hydra job:
+nothing is written but the profile)."""
+from __future__ import annotations
+
+import sys
+
+from bench.config import compose_config
+from bench.errors import exit_on_user_error
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.models import load_model, resolve_device
+    from bench.planning.costmodel import ProfileError
+    from bench.planning.profile import find_profile, make_profile, print_profile
+    from bench.validate import validate
+
+    with exit_on_user_error(ProfileError):
+        cfg = compose_config(*(sys.argv[1:] if argv is None else argv))
+        device = resolve_device(validate(cfg).device)
+        if not cfg.profile.force:
+            try:
+                profile = find_profile(cfg, device)
+                print(f"a profile for this setting exists ({profile.measured}); profile.force=true remakes it")
+                print_profile(profile)
+                return
+            except ProfileError:
+                pass
+        model, _ = load_model(cfg.model, device)
+        print_profile(make_profile(cfg, model, device))
+
 
 if __name__ == "__main__":
     main()

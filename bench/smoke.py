@@ -2,10 +2,10 @@
 
 Runs every method of conf/method/*.yaml (vanilla first) on a few questions of every task with short greedy
 generations (task=all task.limit=1 gen.max_new_tokens=32 device=cpu datastore.auto_build=false, SmolLM2-135M by
-default; extra Hydra overrides are appended), in one process, one method after the other. A method whose artifacts are missing (a
-datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix printed; any
-other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress against the
-committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
+default; extra Hydra overrides are appended), in one process, one method after the other. A method whose artifacts
+are missing (a datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix
+printed; any other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress
+against the committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Last, one bfloat16 run (BFLOAT16_CHECK: EAGLE-2 on 3 MT-bench questions, 64 tokens, model=smollm2_135m_bf16; not in
 the report or the baseline): every question that leaves vanilla's output must do so at a numeric tie proven by the
 float32 re-check, else the smoke fails. On a CPU without bfloat16 instructions it runs anyway
@@ -21,10 +21,11 @@ import time
 import traceback
 from pathlib import Path
 
+from bench.artifacts import PROJECT_ROOT
+from bench.config import compose_config, config_choices, unknown_choice, unknown_choices, unknown_keys
 from bench.errors import MissingArtifactError
 from bench.report.regress import RegressError, regress
 from bench.report.render import write_report
-from bench.artifacts import PROJECT_ROOT
 
 # The smoke never builds artifacts: without a datastore REST is skipped (CI passes a small one, see .ci/run).
 DEFAULT_OVERRIDES = ["task=all", "task.limit=1", "gen.max_new_tokens=32", "device=cpu", "warmup_tokens=4",
@@ -36,10 +37,9 @@ BFLOAT16_CHECK = ("eagle2", ["model=smollm2_135m_bf16", "+model.allow_slow_bfloa
 MARKER = ".smoke"  # marks a folder this script made, so that it may wipe it on the next run
 
 
-def available_methods(conf_dir: Path = PROJECT_ROOT / "conf") -> list[str]:
+def available_methods() -> list[str]:
     """Every method with a config, vanilla first (it is the cheapest and its failure explains the others')."""
-    names = sorted(p.stem for p in (conf_dir / "method").glob("*.yaml"))
-    return sorted(names, key=lambda name: name != "vanilla")
+    return sorted(config_choices("method"), key=lambda name: name != "vanilla")
 
 
 def fresh_folder(out: Path) -> None:
@@ -54,14 +54,14 @@ def fresh_folder(out: Path) -> None:
 
 def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
     """One `python -m bench method=<method> ...` run, in this process."""
-    from bench.config import compose_config
     from bench.measure.run import run
 
     run(compose_config(f"method={method}", *overrides, f"out_dir={out_dir}"))
 
 
 def bfloat16_check(out: Path, overrides: list[str]) -> str | None:
-    """BFLOAT16_CHECK's run under `out`; None when every divergence is a float32-proven numeric tie, else what failed."""
+    """BFLOAT16_CHECK's run under `out`; None when every divergence is a float32-proven numeric tie, else what
+    failed."""
     from bench.records import read_jsonl
 
     method, extra = BFLOAT16_CHECK
@@ -145,13 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     known = available_methods()
     methods = args.methods.split(",") if args.methods else known
-    if unknown := [m for m in methods if m not in known]:
-        parser.error(f"--methods: unknown method(s) {', '.join(unknown)}; known: {','.join(known)}")
     if strays := [o for o in args.overrides if "=" not in o and not o.startswith("~")]:  # `--methods a b` leaves b here
         hint = (f"; --methods takes one comma-separated list: --methods {','.join([*methods, *strays])}"
                 if all(o in known for o in strays) else "")
         parser.error(f"not a Hydra override (key=value): {' '.join(strays)}{hint}")
-    sys.exit(smoke(args.out, methods, [*DEFAULT_OVERRIDES, *args.overrides], args.baseline, args.update))
+    overrides = [*DEFAULT_OVERRIDES, *args.overrides]
+    if problems := [unknown_choice("method", m) for m in methods if m not in known] + unknown_choices(overrides) \
+            + unknown_keys("config", [f"method={methods[0]}", *overrides]):
+        parser.error("; ".join(problems))
+    sys.exit(smoke(args.out, methods, overrides, args.baseline, args.update))
 
 
 if __name__ == "__main__":

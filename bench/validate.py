@@ -1,11 +1,16 @@
-"""Settings checked before anything is loaded: one line per bad value, naming the key and what it accepts."""
+"""The typed boundary: a composed config checked before anything is loaded, one line per bad value naming the key
+and what it accepts (drafter knobs included), then turned into bench.settings.RunSettings."""
 from __future__ import annotations
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning
+from bench import SIZINGS
 from bench.errors import ConfigError
+from bench.knobs import knob_problems
 from bench.models import DTYPES
+from bench.settings import RunSettings
 from tasks.prompts import PROMPT_FORMATS
 
 
@@ -45,8 +50,6 @@ RULES = [
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
     ("method.sizing", lambda v: v in SIZINGS, " or ".join(SIZINGS)),
-    *((f"method.{key}", lambda v, meaning=tuple(meaning): v is None or v in meaning,
-       " or ".join(meaning) + " (deprecated: method.sizing)") for key, meaning in DEPRECATED_SIZING.items()),
     ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
      f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
@@ -55,21 +58,33 @@ RULES = [
 _ABSENT = object()
 
 
-def _sizing_asked(method: DictConfig) -> list[tuple[str, str]]:
-    """(key, value) of each spelling of method.sizing=auto that `method` sets (sizing, or a deprecated one)."""
-    asked = [("sizing", method.get("sizing"))] if method.get("sizing") == "auto" else []
-    return asked + [(key, method.get(key)) for key in DEPRECATED_SIZING if deprecated_meaning(method, key) == "auto"]
+def drafter_problems(method: DictConfig) -> list[str]:
+    """One line per bad knob of `method.drafter` (bench.knobs: unknown, of the wrong type, out of range); none for
+    vanilla."""
+    if method.get("drafter") is None:
+        return []
+    try:
+        knobs = OmegaConf.to_container(method.drafter, resolve=True)
+    except OmegaConfBaseException as err:
+        return [f"method.drafter: {str(err).splitlines()[0]}"]
+    target = knobs.pop("_target_", None)
+    try:
+        drafter = get_class(target)
+    except Exception as err:  # noqa: BLE001 - any failure to import it is the same mistake
+        return [f"method.drafter._target_={target}: not an importable class ({str(err).splitlines()[0]})"]
+    return knob_problems(drafter, knobs)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every value of `cfg` that RULES rejects."""
+def validate(cfg: DictConfig) -> RunSettings:
+    """The run's typed settings, or ConfigError listing every value of `cfg` that RULES or its drafter rejects."""
     problems = []
     for key, accepts, allowed in RULES:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not accepts(value):
             problems.append(f"{key}={value}: must be {allowed}")
-    if cfg.method.get("drafter") is None:
-        problems += [f"method.{key}={value}: method={cfg.method.name} drafts nothing, so there is nothing to size"
-                     for key, value in _sizing_asked(cfg.method)]
+    if cfg.method.get("drafter") is None and cfg.method.get("sizing") == "auto":
+        problems.append(f"method.sizing=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
+    problems += drafter_problems(cfg.method)
     if problems:
         raise ConfigError("\n".join(problems))
+    return RunSettings.from_config(cfg)

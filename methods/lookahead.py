@@ -35,6 +35,7 @@ import torch
 
 from bench.engine.drafter import Drafter
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs, one_of
 
 INITIAL_WINDOWS = ("ours", "upstream")
 MAX_ACCEPTS = ("n", "n_minus_1")
@@ -77,22 +78,18 @@ def trie(sequences) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"lookahead {name}={value!r}; use one of {', '.join(allowed)} (method.drafter.{name})")
-    return value
-
-
 class LookaheadDrafter(Drafter):
+    knob_rules = {"window_size": at_least(2), "ngram_size": at_least(3), "guess_set_size": at_least(0),
+                  "initial_window": one_of(*INITIAL_WINDOWS), "max_accept": one_of(*MAX_ACCEPTS),
+                  "slide": one_of(*SLIDES)}
+
     def __init__(self, target=None, tokenizer=None, window_size: int = 15, ngram_size: int = 5,
                  guess_set_size: int = 15, seed: int = 0, initial_window: str = "ours", max_accept: str = "n",
                  slide: str = "accepted"):
-        if window_size < 2 or ngram_size < 3 or guess_set_size < 0:
-            raise ValueError(f"bad lookahead knobs: {window_size=}, {ngram_size=}, {guess_set_size=}")
+        check_knobs(type(self), window_size=window_size, ngram_size=ngram_size, guess_set_size=guess_set_size,
+                    seed=seed, initial_window=initial_window, max_accept=max_accept, slide=slide)
         self.W, self.N, self.G, self.seed = window_size, ngram_size, guess_set_size, seed
-        self.initial_window = _choice("initial_window", initial_window, INITIAL_WINDOWS)
-        self.max_accept = _choice("max_accept", max_accept, MAX_ACCEPTS)
-        self.slide = _choice("slide", slide, SLIDES)
+        self.initial_window, self.max_accept, self.slide = initial_window, max_accept, slide
         self.max_draft = ngram_size - 1 if max_accept == "n" else ngram_size - 2  # pooled tokens verified per n-gram
 
     def start(self, prompt_ids: list[int]) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from bench.engine.drafter import Drafter
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs, one_of
 
 
 class PromptLookupDrafter(Drafter):
+    knob_rules = {"max_ngram_size": at_least(1), "num_pred_tokens": at_least(1), "match": one_of("latest", "first")}
+
     def __init__(self, target=None, tokenizer=None, max_ngram_size: int = 3, num_pred_tokens: int = 10,
                  match: str = "latest"):
-        if max_ngram_size < 1 or num_pred_tokens < 1 or match not in ("latest", "first"):
-            raise ValueError(f"bad PLD knobs: {max_ngram_size=}, {num_pred_tokens=}, {match=}")
+        check_knobs(type(self), max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens, match=match)
         self.max_ngram_size, self.num_pred_tokens, self.keep_latest = max_ngram_size, num_pred_tokens, match == "latest"
         eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}

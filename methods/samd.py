@@ -7,7 +7,7 @@ the tokens so far, moved on by each new token in amortised O(1): the decoded len
 Each step matches the root on top of both; the longer match (the corpus match counted `len_bias` tokens shorter; the
 dynamic one wins ties) proposes the chain of the tokens that followed its earliest occurrence, `n_predicts` inputs
 with the root (upstream's 40), when it is at least `len_threshold` tokens long. Otherwise the fallback drafter
-proposes its tree: Token Recycling (methods/recycling.py), EAGLE-2 (methods/eagle.py's dynamic tree, upstream's
+proposes its tree: Token Recycling (methods/recycling.py), EAGLE-2 (methods/eagle/dynamic.py, upstream's
 SAMD[EAGLE2] of Spec-Bench's table) or none. The fallback sees every step's verification, the chain ones too: Token
 Recycling learns from their logits, and EAGLE-2's head consumes the target's features of every accepted token (the
 prompt's at start, then each step's accepted rows; SamdDrafter declares the fallback's `feature_layers`, so the engine
@@ -26,10 +26,11 @@ import copy
 from bench.engine.drafter import Drafter, start_drafter
 from bench.engine.tree import DraftTree
 from bench.errors import MissingArtifactError
+from bench.knobs import at_least, check_knobs, one_of
 from methods.eagle.checkpoints import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
 from methods.eagle.dynamic import Eagle2Drafter
-from methods.rest_datastore import datastore_path
 from methods.recycling import RecyclingDrafter
+from methods.rest_datastore import datastore_path
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "eagle2", "none")
@@ -41,19 +42,19 @@ class SamdDrafter(Drafter):
 
     `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,
     `max_conversations`; a missing one is built on first use when auto_build is true, else refused naming
-    `build_command`. `recycling`: the knobs of the Token Recycling fallback; `eagle2`: EagleDrafter's (checkpoint,
+    `build_command`. `recycling`: the knobs of the Token Recycling fallback; `eagle2`: Eagle2Drafter's (checkpoint,
     total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
     """
+
+    knob_rules = {"n_predicts": at_least(2), "len_threshold": at_least(1), "fallback": one_of(*FALLBACKS)}
+    nested_knobs = {"recycling": RecyclingDrafter}  # the Token Recycling fallback's knobs
 
     def __init__(self, target=None, tokenizer=None, n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
                  fallback: str = "recycling", recycling: dict | None = None, eagle2: dict | None = None,
                  corpus: dict | None = None,
-                 build_command: str = "python -m methods.suffix_automaton model=<model>"):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"SAM-Decoding: fallback={fallback!r}; set method.drafter.fallback to one of "
-                             f"{', '.join(FALLBACKS)}")
-        if n_predicts < 2 or len_threshold < 1:
-            raise ValueError(f"SAM-Decoding: bad knobs {n_predicts=} (>= 2), {len_threshold=} (>= 1)")
+                 build_command: str = "python -m bench.datastore method=samd model=<model>"):
+        check_knobs(type(self), n_predicts=n_predicts, len_threshold=len_threshold, len_bias=len_bias,
+                    fallback=fallback, recycling=recycling, eagle2=eagle2, corpus=corpus, build_command=build_command)
         self.n_predicts, self.len_threshold, self.len_bias = n_predicts, len_threshold, len_bias
         self.fallback = build_fallback(fallback, target, tokenizer, recycling or {}, eagle2 or {})
         self.feature_layers = tuple(getattr(self.fallback, "feature_layers", ()))  # EAGLE-2's: the engine's features

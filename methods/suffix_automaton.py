@@ -7,10 +7,10 @@ token costs amortised O(1) (Blumer et al. 1985). A match (state, length) is the 
 that occurs in the text; `advance` moves it on by one token in amortised O(1), so a decoder carries it across steps
 instead of re-matching its whole suffix.
 
-    python -m methods.suffix_automaton model=<model> [method.drafter.corpus.max_conversations=N]
+    python -m bench.datastore method=samd model=<model> [method.drafter.corpus.max_conversations=N]
 
-builds the corpus automaton that conf/method/samd.yaml's `drafter.corpus` names (the arguments are Hydra overrides of
-conf/config.yaml with method=samd; e.g. method.drafter.corpus.max_conversations=300 for a quick build).
+builds the corpus automaton that conf/method/samd.yaml's `drafter.corpus` names (e.g.
+method.drafter.corpus.max_conversations=300 for a quick build).
 """
 from __future__ import annotations
 
@@ -211,18 +211,10 @@ def build_corpus_automaton(tokenizer, settings: dict) -> Path:
 
 
 def build(cfg) -> Path:
-    """`python -m methods.suffix_automaton`: the corpus automaton of method=samd for the model's tokenizer."""
+    """`python -m bench.datastore method=samd`: the corpus automaton of method=samd for the model's tokenizer."""
     from omegaconf import OmegaConf
 
     from bench.models import load_tokenizer
 
     return build_corpus_automaton(load_tokenizer(cfg.model), OmegaConf.to_container(cfg.method.drafter.corpus,
                                                                                     resolve=True))
-
-
-if __name__ == "__main__":
-    import sys
-
-    from bench.config import compose_config
-
-    build(compose_config("method=samd", *sys.argv[1:]))

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from bench import label_of, sizing_of
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config, fold_deprecated
+from bench.errors import ConfigError
 from bench.measure.backends.engine import engine_run_keys as run_keys
 from bench.measure.run import run
 from bench.records import config_key, read_jsonl
@@ -43,6 +44,17 @@ def test_old_spellings_compose_to_the_same_policy_with_one_deprecation_line(caps
     assert folded.out_dir == plain.out_dir
     assert run_keys(folded, CPU, None) == run_keys(plain, CPU, None)
     fold_deprecated(folded)  # folded once: a second fold (run() after compose_config) says nothing
+    assert capsys.readouterr().err == ""
+
+
+def test_an_old_spelling_of_no_meaning_or_asking_vanilla_for_sizing_is_refused_in_one_line(capsys):
+    with pytest.raises(ConfigError) as error:
+        compose_config("method=pld", "method.budget=sometimes")
+    assert str(error.value) == "method.budget=sometimes: must be upstream or auto (deprecated: method.sizing)"
+    with pytest.raises(ConfigError) as error:
+        compose_config("method=vanilla", "+method.batch_policy=adaptive", "+method.budget=upstream")
+    assert str(error.value) == \
+        "method.batch_policy=adaptive: method=vanilla drafts nothing, so there is nothing to size"
     assert capsys.readouterr().err == ""
 
 

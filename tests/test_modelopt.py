@@ -119,7 +119,7 @@ def test_recipe_loss_is_modelopts_frozen_base_loss(modelopt, tiny_model):
 
 
 def test_train_command_with_the_modelopt_backend(modelopt, tiny_checkpoint, corpus, tmp_path, one_thread):  # noqa: F811
-    from methods.train import main
+    from bench.train import train as main
 
     out_dir = tmp_path / "medusa-modelopt"
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.backend=modelopt", "train.max_steps=2",

@@ -100,9 +100,9 @@ def test_config_builds_the_upstream_drafter(tiny_model):
 
 
 def test_bad_knobs_are_refused(tiny_model):
-    with pytest.raises(ValueError, match="k=4 must exceed every rank"):
+    with pytest.raises(ValueError, match="method.drafter.k=4: must exceed every rank"):
         RecyclingDrafter(tiny_model, k=4)
-    with pytest.raises(ValueError, match="unknown Token Recycling template"):
+    with pytest.raises(ValueError, match="method.drafter.template=3.3.3: must be one of 2.2.2"):
         RecyclingDrafter(tiny_model, template="3.3.3")
 
 

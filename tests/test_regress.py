@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from bench.artifacts import PROJECT_ROOT
-from bench.report.regress import RegressError, main, regress
+from bench.regress import main
+from bench.report.regress import RegressError, regress
 from bench.report.tables import leaderboard
 from bench.report.runs import load_runs
 from bench.report.render import write_report

@@ -204,7 +204,7 @@ def test_acceptance_table_and_plots_and_html(report):
 
 
 def test_cli_writes_the_report(tmp_path, capsys):
-    from bench.report.render import main
+    from bench.report.__main__ import main
 
     method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])

@@ -90,12 +90,12 @@ def test_frozen_automaton_matches_as_the_growing_one_and_survives_disk(tmp_path)
 
 def test_missing_corpus_is_refused_naming_the_build_command(tmp_path):
     corpus = {"enabled": True, "path": str(tmp_path / "none.sam"), "auto_build": False}
-    with pytest.raises(MissingArtifactError, match="build it with: python -m methods.suffix_automaton"):
+    with pytest.raises(MissingArtifactError, match="build it with: python -m bench.datastore method=samd"):
         SamdDrafter(corpus=corpus, fallback="none")
 
 
 def test_bad_fallback_is_refused():
-    with pytest.raises(ValueError, match="method.drafter.fallback to one of recycling, eagle2, none"):
+    with pytest.raises(ValueError, match="method.drafter.fallback=eagle3: must be one of recycling, eagle2, none"):
         SamdDrafter(fallback="eagle3")
 
 

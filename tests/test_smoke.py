@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench import smoke as smoke_module
-from bench.errors import MissingArtifactError
 from bench.artifacts import PROJECT_ROOT
+from bench.errors import MissingArtifactError
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 
@@ -86,6 +86,12 @@ def test_methods_flag_names_the_mistake(capsys):
         smoke_module.main(["--methods", "medusa", "hydra"])
     assert ("not a Hydra override (key=value): hydra; --methods takes one comma-separated list: "
             "--methods medusa,hydra") in capsys.readouterr().err
+    methods = ", ".join(sorted(p.stem for p in (PROJECT_ROOT / "conf" / "method").glob("*.yaml")))
     with pytest.raises(SystemExit):
         smoke_module.main(["--methods", "medusa,medussa"])
-    assert "--methods: unknown method(s) medussa; known: vanilla," in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"python -m bench.smoke: error: method=medussa: no conf/method/medussa.yaml; methods: {methods}"
+    with pytest.raises(SystemExit):
+        smoke_module.main(["--methods", "pld", "model=nosuch"])
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "python -m bench.smoke: error: model=nosuch: no conf/model/nosuch.yaml; models: ")

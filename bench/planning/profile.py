@@ -24,7 +24,7 @@ from tqdm import tqdm
 from bench.engine.kvcache import attention_windows, new_cache, tree_attention_mask
 from bench.engine.timing import device_time
 from bench.engine.tree import DraftTree
-from bench.models import context_window, load_model, resolve_device
+from bench.models import context_window
 from bench.planning.costmodel import POINT_KINDS, Profile, ProfileError, profile_path
 
 
@@ -70,23 +70,6 @@ def profile_for_run(cfg: DictConfig, model, device: torch.device, make: bool) ->
         return make_profile(cfg, model, device)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from bench.config import compose_config
-
-    cfg = compose_config(*(sys.argv[1:] if argv is None else argv))
-    device = resolve_device(cfg.device)
-    if not cfg.profile.force:
-        try:
-            profile = find_profile(cfg, device)
-            print(f"a profile for this setting exists ({profile.measured}); profile.force=true remakes it")
-            print_profile(profile)
-            return
-        except ProfileError:
-            pass
-    model, _ = load_model(cfg.model, device)
-    print_profile(make_profile(cfg, model, device))
-
-
 def print_profile(profile: Profile) -> None:
     setting = profile.setting
     batch = f"batch {setting['batch']}, " if "batch" in setting else ""
@@ -99,10 +82,6 @@ def print_profile(profile: Profile) -> None:
             for context, row in zip(profile.contexts, table):
                 print(f"{context:>7} " + " ".join(f"{s * 1e3:8.1f}" for s in row))
     print("t(L)/t(1) at the shortest context: " + " ".join(f"{r:.2f}" for r in profile.relative()))
-
-
-if __name__ == "__main__":
-    main()
 
 
 def device_name(device: torch.device) -> str:

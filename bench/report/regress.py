@@ -17,7 +17,6 @@ A run timed while starved of CPU (bench.measure.contention) is named in a note.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
@@ -242,33 +241,3 @@ def regress(path: Path, baseline_path: Path, mat_tolerance: float | None = None,
     print(f"regress: {'FAILED' if failed else 'passed'}: {failed} problem(s); {checked} baseline method x task "
           f"entries, {rows.method.nunique()} methods in the runs", file=out)
     return 1 if failed else 0
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.regress", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("path", type=Path, help="a run folder, a results folder or a report folder")
-    parser.add_argument("--baseline", type=Path, required=True,
-                        help="baseline JSON, e.g. results/baselines/<model>-<device>.json")
-    parser.add_argument("--mat-tolerance", type=float, default=None,
-                        help=f"relative drop of mean accepted tokens allowed (default: the file's, else "
-                             f"{DEFAULT_TOLERANCES['mean_accepted_tokens']})")
-    parser.add_argument("--speedup-tolerance", type=float, default=None,
-                        help=f"relative drop of speedup allowed (default: the file's, else "
-                             f"{DEFAULT_TOLERANCES['speedup']})")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help="a baseline method x task absent from PATH is a note, not a failure")
-    parser.add_argument("--update", action="store_true", help="write/merge the baseline from PATH instead of checking")
-    args = parser.parse_args(argv)
-    try:
-        status = regress(args.path, args.baseline, args.mat_tolerance, args.speedup_tolerance, args.allow_missing,
-                         args.update)
-    except RegressError as err:
-        print(f"regress: error: {err}", file=sys.stderr)
-        status = 2
-    sys.exit(status)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,10 +8,8 @@ settings that differ only in batch size also get a batch-size sweep: throughput 
 """
 from __future__ import annotations
 
-import argparse
 import html
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -208,17 +206,3 @@ def html_page(sections: list[str]) -> str:
             f"<style>{style}</style></head><body><h1>Speculative decoding leaderboard</h1><p>{html.escape(NOTES)}</p>"
             f"<p>{html.escape(COST_NOTES)}</p>"
             + "".join(sections) + "</body></html>\n")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, help="folder searched recursively for runs (e.g. results/runs)")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="folder to write the report into")
-    args = parser.parse_args(argv)
-    write_report(args.results_dir, args.out)
-    print((args.out / "leaderboard.md").read_text())
-    print(f"report written to {args.out}/ (open {args.out / 'index.html'})", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

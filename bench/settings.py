@@ -1,0 +1,96 @@
+"""A run's settings, typed: what `python -m bench` reads from its Hydra config, made once at the entry by
+bench.validate.validate (which checks every value first) and read as fields from there on."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from bench import method_label, sizing_of
+
+
+@dataclass(frozen=True)
+class Generation:
+    """`gen.*`: how every question is decoded."""
+
+    max_new_tokens: int
+    batch_size: int = 1
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """`model.*` as the checks and the run's labels read it (bench.models.load_model reads the rest)."""
+
+    name: str
+    dtype: str
+    attn_implementation: str = "sdpa"
+    prompt_format: str = "auto"
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    name: str
+    limit: int | None = None  # first N questions of each task; None: all
+
+
+@dataclass(frozen=True)
+class DrafterSettings:
+    """`method.drafter`: the drafter's class (Hydra `_target_`) and its knobs, resolved."""
+
+    target: str
+    knobs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    name: str
+    sizing: str = "upstream"  # upstream | auto (conf/method/shared/speculation.yaml)
+    drafter: DrafterSettings | None = None  # None: vanilla
+
+    @property
+    def label(self) -> str:
+        """The method's name in records and reports (bench.method_label)."""
+        return method_label(self.name, self.sizing)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One `python -m bench` run (conf/config.yaml)."""
+
+    generation: Generation
+    model: ModelSettings
+    task: TaskSettings
+    method: MethodSettings
+    backend: str = "engine"  # engine | server
+    device: str = "auto"
+    seed: int = 0
+    out_dir: str = ""
+    baseline: bool = True
+    warmup_tokens: int = 16
+    repeats: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> RunSettings:
+        """The typed settings of a composed, folded and checked config (bench.validate.validate)."""
+        gen, model, task, method = cfg.gen, cfg.model, cfg.task, cfg.method
+        drafter = None
+        if method.get("drafter") is not None:
+            knobs = OmegaConf.to_container(method.drafter, resolve=True)
+            drafter = DrafterSettings(knobs.pop("_target_"), knobs)
+        return cls(
+            Generation(int(gen.max_new_tokens), int(gen.get("batch_size", 1)), float(gen.get("temperature", 0.0)),
+                       int(gen.get("top_k", 0)), float(gen.get("top_p", 1.0)), tuple(gen.get("stop_strings", ()))),
+            ModelSettings(model.name, model.dtype, model.get("attn_implementation", "sdpa"),
+                          model.get("prompt_format", "auto")),
+            TaskSettings(task.name, task.get("limit")),
+            MethodSettings(method.name, sizing_of(method), drafter),
+            **{key: cfg[key] for key in ("backend", "device", "seed", "out_dir", "baseline", "warmup_tokens",
+                                         "repeats") if key in cfg})

@@ -1,0 +1,84 @@
+"""Every command has one home: its main() lives in its command module (`python -m bench.<name>`), library modules
+have none, every console script of pyproject.toml names one of them, and docs/running.md lists them all."""
+from __future__ import annotations
+
+import ast
+import importlib
+
+import pytest
+import tomllib
+
+from bench.artifacts import PROJECT_ROOT
+
+# module -> how it is run; Hydra for commands over the run config, argparse for reports over folders and the smoke
+COMMANDS = {
+    "bench.__main__": "python -m bench",
+    "bench.train": "python -m bench.train",
+    "bench.datastore": "python -m bench.datastore",
+    "bench.profile": "python -m bench.profile",
+    "bench.smoke": "python -m bench.smoke",
+    "bench.regress": "python -m bench.regress",
+    "bench.report.__main__": "python -m bench.report",
+}
+SOURCE_FOLDERS = ("bench", "methods", "tasks")
+
+
+def module_name(path) -> str:
+    parts = list(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text()) for folder in SOURCE_FOLDERS
+            for p in (PROJECT_ROOT / folder).rglob("*.py")}
+
+
+def runs_as_script(tree: ast.Module) -> bool:
+    """Whether the module has an `if __name__ == "__main__":` block."""
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
+
+
+def test_every_main_and_every_script_block_is_in_a_command_module():
+    mains = {name for name, tree in modules().items()
+             if any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body)}
+    scripts = {name for name, tree in modules().items() if runs_as_script(tree)}
+    assert mains == set(COMMANDS) and scripts <= set(COMMANDS)
+
+
+def test_each_console_script_is_a_command_main_that_imports():
+    scripts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    targets = {name: target.split(":") for name, target in scripts.items()}
+    assert {module for module, _ in targets.values()} == set(COMMANDS)
+    for name, (module, function) in targets.items():
+        assert function == "main" and callable(getattr(importlib.import_module(module), function)), name
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_each_command_runs_as_a_script_and_docs_running_lists_it(module):
+    path = PROJECT_ROOT / (module.replace(".", "/") + ".py")
+    assert runs_as_script(ast.parse(path.read_text()))
+    assert f"`{COMMANDS[module]}" in (PROJECT_ROOT / "docs" / "running.md").read_text()
+
+
+def test_the_datastore_command_builds_rest_or_samd_and_refuses_other_methods(monkeypatch, capsys):
+    from hydra import compose, initialize_config_dir
+
+    import bench.datastore
+    import methods.rest_datastore
+    import methods.suffix_automaton
+
+    built = []
+    monkeypatch.setattr(methods.rest_datastore, "build", lambda cfg: built.append(("rest", cfg.datastore.path)))
+    monkeypatch.setattr(methods.suffix_automaton, "build",
+                        lambda cfg: built.append(("samd", cfg.method.drafter.corpus.max_conversations)))
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        configs = [compose("build_datastore", overrides=overrides) for overrides in (
+            ["datastore.path=/tmp/x.idx"], ["method=samd", "method.drafter.corpus.max_conversations=300"],
+            ["method=eagle"])]
+    bench.datastore.build(configs[0])
+    bench.datastore.build(configs[1])
+    assert built == [("rest", "/tmp/x.idx"), ("samd", 300)]
+    with pytest.raises(SystemExit) as refused:
+        bench.datastore.build(configs[2])
+    assert refused.value.code == 2 and capsys.readouterr().err == \
+        "error: method=eagle: has no corpus index to build; methods with one: rest, samd\n"
