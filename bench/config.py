@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -65,9 +66,9 @@ def _warn(old_key: str, old_value, new_key: str, new_value) -> None:
     print(f"warning: {old_key}={old_value} is deprecated: use {new_key}={new_value}", file=sys.stderr)
 
 
-def config_choices(folder: str) -> list[str]:
+def config_choices(folder: str, conf_dir: Path = CONF_DIR) -> list[str]:
     """The names a config group takes from conf/<folder>/*.yaml (conf/method/ -> eagle, eagle2, ..., vanilla)."""
-    return sorted(path.stem for path in (CONF_DIR / folder).glob("*.yaml"))
+    return sorted(path.stem for path in (conf_dir / folder).glob("*.yaml"))
 
 
 def unknown_choice(group: str, name: str, folder: str | None = None) -> str | None:

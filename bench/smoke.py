@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 from bench.artifacts import PROJECT_ROOT
-from bench.config import compose_config, config_choices, unknown_choice, unknown_choices, unknown_keys
+from bench.config import CONF_DIR, compose_config, config_choices, unknown_choice, unknown_choices, unknown_keys
 from bench.errors import MissingArtifactError
 from bench.report.regress import RegressError, regress
 from bench.report.render import write_report
@@ -37,9 +37,10 @@ BFLOAT16_CHECK = ("eagle2", ["model=smollm2_135m_bf16", "+model.allow_slow_bfloa
 MARKER = ".smoke"  # marks a folder this script made, so that it may wipe it on the next run
 
 
-def available_methods() -> list[str]:
-    """Every method with a config, vanilla first (it is the cheapest and its failure explains the others')."""
-    return sorted(config_choices("method"), key=lambda name: name != "vanilla")
+def available_methods(conf_dir: Path = CONF_DIR) -> list[str]:
+    """Every method with a config in conf_dir/method/, vanilla first (it is the cheapest and its failure explains
+    the others')."""
+    return sorted(config_choices("method", conf_dir), key=lambda name: name != "vanilla")
 
 
 def fresh_folder(out: Path) -> None:

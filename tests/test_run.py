@@ -180,8 +180,9 @@ def _cli(*args):
 
 def test_unknown_method_lists_the_choices():
     result = _cli("method=nope")
-    assert result.returncode != 0
-    assert "Could not find 'method/nope'" in result.stderr and "vanilla" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: method=nope: no conf/method/nope.yaml; methods: eagle, eagle2,")
+    assert result.stderr.rstrip().endswith(", vanilla") and result.stderr.count("\n") == 1
 
 
 def test_missing_model_package_names_the_fix(tmp_path):

@@ -74,8 +74,10 @@ def test_the_constructor_refuses_with_the_line_of_the_entry(method, knob, value)
 
 def test_trained_drafters_get_the_signature_checks_and_injected_objects_are_not_knobs():
     eagle = get_class(compose_config("method=eagle").method.drafter._target_)
-    assert list(knob_types(eagle)) == ["checkpoint", "choices", "total_token", "depth", "top_k", "seed"]
-    assert knob_problems(eagle, {"depth": "deep", "seed": None}) == ["method.drafter.depth=deep: must be an integer"]
+    assert list(knob_types(eagle)) == ["checkpoint", "choices", "seed"]
+    eagle2 = get_class(compose_config("method=eagle2").method.drafter._target_)
+    assert list(knob_types(eagle2)) == ["checkpoint", "total_token", "depth", "top_k", "seed"]
+    assert knob_problems(eagle2, {"depth": "deep", "seed": None}) == ["method.drafter.depth=deep: must be an integer"]
     assert refusal("method=medusa", "method.drafter.tree_size=eight") == \
         "method.drafter.tree_size=eight: must be an integer or null"
     assert refusal("method=sps", "+method.drafter.draft_model=x").startswith(
