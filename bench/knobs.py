@@ -29,6 +29,11 @@ def at_least(low: int) -> Rule:
     return lambda value, knobs: None if value >= low else f"must be >= {low}"
 
 
+def null_or(rule: Rule) -> Rule:
+    """`rule`, with null also accepted (a knob whose null means "the default")."""
+    return lambda value, knobs: None if value is None else rule(value, knobs)
+
+
 def one_of(*allowed: str) -> Rule:
     return lambda value, knobs: None if value in allowed else f"must be one of {', '.join(allowed)}"
 

@@ -63,6 +63,10 @@ def drafter_problems(method: DictConfig) -> list[str]:
     vanilla."""
     if method.get("drafter") is None:
         return []
+    unset = sorted(OmegaConf.missing_keys(method.drafter))
+    if unset:  # `???` in conf/method/<m>.yaml: a per-model setting (a checkpoint) this model has no file for
+        return [f"{key}: not set for this model; set it on the command line ({key}=...) or in "
+                f"conf/method_model/{method.get('name')}/<model>.yaml" for key in unset]
     try:
         knobs = OmegaConf.to_container(method.drafter, resolve=True)
     except OmegaConfBaseException as err:

@@ -151,3 +151,29 @@ def test_the_commands_refuse_in_one_line_with_status_2_before_any_model_work(tmp
     [said] = result.stderr.splitlines()
     assert said.startswith(line) and (said == line or line.endswith(": "))
     assert list(tmp_path.iterdir()) in ([], [tmp_path / ".hydra-logs"])  # no answers, no meta.json
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["method=eagle2", "method.drafter.depth=0"], "method.drafter.depth=0: must be >= 1"),
+    (["method=eagle3", "method.drafter.total_token=1"], "method.drafter.total_token=1: must be >= 2"),
+    (["method=medusa", "method.drafter.tree_size=0"], "method.drafter.tree_size=0: must be >= 1"),
+    (["method=hydra", "method.drafter.choices=[[0],[1,0],[2,0,0]]"],
+     "method.drafter.choices=[[0], [1, 0], [2, 0, 0]]: must be a tree named in methods/heads/trees.py or a list of "
+     "choices (Medusa choice [1, 0] has no parent [1] in the choices list)"),
+    (["method=eagle", "method.drafter.choices=wide"], "method.drafter.choices=wide: must be a tree named in "
+     "methods/heads/trees.py or a list of choices (unknown tree 'wide'; name one of ['eagle_7b_25', 'mc_sim_7b_63'] "
+     "or give a list of choices)"),
+    (["method=sps", "method.drafter.num_draft_tokens=0"], "method.drafter.num_draft_tokens=0: must be >= 1"),
+    (["method=medusa", "model=llama31_8b"], "method.drafter.checkpoint: not set for this model; set it on the "
+     "command line (method.drafter.checkpoint=...) or in conf/method_model/medusa/<model>.yaml"),
+])
+def test_trained_drafters_refuse_bad_values_in_one_line(overrides, line):
+    assert refusal(*overrides) == line
+
+
+def test_a_trained_drafter_refuses_in_its_constructor_with_the_entry_line():
+    """The rule lives on the drafter class: building it with the bad value says the entry's line."""
+    drafter = get_class(compose_config("method=eagle2").method.drafter._target_)
+    with pytest.raises(ValueError) as error:
+        drafter(None, depth=0)
+    assert str(error.value) == refusal("method=eagle2", "method.drafter.depth=0")

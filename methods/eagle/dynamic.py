@@ -12,6 +12,7 @@ import torch
 
 from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs
 from methods.eagle.drafter import EagleDrafter
 from methods.eagle.head import EagleHead
 from methods.heads.common import DraftVocabulary
@@ -21,9 +22,12 @@ from methods.heads.tiny import random_weights
 class Eagle2Drafter(EagleDrafter):
     """EAGLE-2's dynamic tree (`total_token`, `depth`, `top_k`) over an EAGLE head."""
 
+    knob_rules = {"total_token": at_least(2), "depth": at_least(1), "top_k": at_least(1)}
+
     def __init__(self, target, tokenizer=None, checkpoint: str | None = "", total_token: int = 60, depth: int = 5,
                  top_k: int = 10, sampling: SamplingConfig | None = None, seed: int | None = None,
                  head: EagleHead | None = None, vocab: DraftVocabulary | None = None):
+        check_knobs(Eagle2Drafter, total_token=total_token, depth=depth, top_k=top_k)
         super().__init__(target, checkpoint, sampling, seed, head, vocab)
         self.depth, self.top_k, self.total_token = depth, top_k, total_token
 

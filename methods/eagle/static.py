@@ -11,19 +11,23 @@ import torch
 
 from bench.engine.sampling import SamplingConfig, logits_to_probs
 from bench.engine.tree import DraftTree
+from bench.knobs import check_knobs
 from methods.eagle.drafter import EagleDrafter
 from methods.eagle.head import EagleHead
 from methods.heads.common import DraftVocabulary
 from methods.heads.tiny import random_weights
-from methods.heads.trees import resolve_choices
+from methods.heads.trees import choices_rule, resolve_choices
 
 
 class Eagle1Drafter(EagleDrafter):
     """EAGLE-1's static tree (`choices`: a tree named in methods/heads/trees.py, or a list) over an EAGLE head."""
 
+    knob_rules = {"choices": choices_rule}
+
     def __init__(self, target, tokenizer=None, checkpoint: str | None = "",
                  choices: str | list[list[int]] = "eagle_7b_25", sampling: SamplingConfig | None = None,
                  seed: int | None = None, head: EagleHead | None = None, vocab: DraftVocabulary | None = None):
+        check_knobs(Eagle1Drafter, choices=choices)
         super().__init__(target, checkpoint, sampling, seed, head, vocab)
         paths = sorted({tuple(c) for c in resolve_choices(choices)}, key=lambda c: (len(c), c))
         self.static_children: dict[tuple, int] = {}  # children per node, by path

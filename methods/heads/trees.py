@@ -26,6 +26,17 @@ TREES: dict[str, list[list[int]]] = {
 }
 
 
+def choices_rule(value, knobs: dict) -> str | None:
+    """bench.knobs rule of a `choices` knob: a tree named in TREES, or choices whose every path has its parent."""
+    try:
+        resolved = resolve_choices(value)
+        if resolved is not None:
+            tree_from_choices(resolved)
+    except ValueError as err:
+        return f"must be a tree named in methods/heads/trees.py or a list of choices ({err})"
+    return None
+
+
 def resolve_choices(choices: str | list | None) -> list[list[int]] | None:
     """A tree's choices from its name in TREES, or as given."""
     if isinstance(choices, str):

@@ -6,9 +6,10 @@ import torch
 from bench.engine.kvcache import new_cache
 from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
-from methods.heads.trees import static_tree
+from methods.heads.trees import choices_rule, static_tree
 from methods.hydra.checkpoints import load_hydra
 from methods.hydra.heads import HydraHeads, HydraPrefixHeads
 
@@ -17,8 +18,11 @@ class HydraDrafter(LastFeatureDrafter):
     """Builds the static choices tree level by level; level d's tokens come from head d-1 reading each parent's path.
     With Hydra++ heads, h_t is the prefix layer's output, its cache fed the target's features of the accepted rows."""
 
+    knob_rules = {"choices": null_or(choices_rule), "tree_size": null_or(at_least(1))}
+
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: HydraHeads | None = None, vocab: DraftVocabulary | None = None):
+        check_knobs(HydraDrafter, choices=choices, tree_size=tree_size)
         self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_hydra)
         self.embed = target.get_input_embeddings()
         self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Hydra")

@@ -5,9 +5,10 @@ import torch
 
 from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DeviceTokens, DraftTree
+from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
-from methods.heads.trees import static_tree
+from methods.heads.trees import choices_rule, static_tree
 from methods.medusa.checkpoints import load_medusa
 from methods.medusa.heads import MedusaHeads
 
@@ -15,8 +16,11 @@ from methods.medusa.heads import MedusaHeads
 class MedusaDrafter(LastFeatureDrafter):
     """Proposes Medusa's static tree: node (head k, rank r) is head k's r-th most likely token."""
 
+    knob_rules = {"choices": null_or(choices_rule), "tree_size": null_or(at_least(1))}
+
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
+        check_knobs(MedusaDrafter, choices=choices, tree_size=tree_size)
         self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
         self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
         self.num_used_heads = int(node_heads.max()) + 1

@@ -9,6 +9,7 @@ from bench.engine.drafter import Drafter, StepResult
 from bench.engine.kvcache import new_cache
 from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
 from bench.engine.tree import DraftTree
+from bench.knobs import at_least, check_knobs
 from methods.sps.draft import load_draft, resolve_draft_path, slice_target
 
 
@@ -21,11 +22,14 @@ class DraftModelDrafter(Drafter):
     argmax with q = None, which the acceptance rule treats as a deterministic (still lossless) proposal.
     """
 
+    knob_rules = {"num_draft_tokens": at_least(1)}
+
     samples = True
 
     def __init__(self, target, tokenizer=None, draft_path: str | None = None, num_draft_tokens: int = 5,
                  adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,
                  draft_model=None, train_command: str = "python -m bench.train method=sps"):
+        check_knobs(DraftModelDrafter, num_draft_tokens=num_draft_tokens)
         self.draft = draft_model if draft_model is not None else load_draft(draft_path, target, train_command)
         # Identifies the weights in run keys (None for a model passed in).
         self.artifact = (artifact_fingerprint(resolve_draft_path(draft_path) or draft_path) if draft_model is None
