@@ -9,7 +9,6 @@ from pathlib import Path
 
 from bench.errors import MissingArtifactError
 
-
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 

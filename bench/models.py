@@ -11,9 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.artifacts import cache_dir, package_dir
 from bench.errors import ConfigError, MissingArtifactError
-
 from tasks.prompts import set_prompt_format
-
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -23,7 +21,8 @@ BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs 
 
 def bfloat16_flags(cpuinfo: str) -> list[str]:
     """The bfloat16 matrix instruction sets (BFLOAT16_CPU_FLAGS) named in a /proc/cpuinfo text's flags lines."""
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    flag_lines = [line.split(":", 1)[1] for line in cpuinfo.splitlines() if line.startswith("flags")]
+    flags = {flag for line in flag_lines for flag in line.split()}
     return [flag for flag in BFLOAT16_CPU_FLAGS if flag in flags]
 
 
@@ -53,7 +52,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise MissingArtifactError(f"device={name} was asked for but torch sees no CUDA device; use device=cpu or device=auto")
+        raise MissingArtifactError(f"device={name} was asked for but torch sees no CUDA device; use device=cpu or "
+                                   f"device=auto")
     return torch.device(name)
 
 
@@ -110,7 +110,6 @@ def load_model(cfg: DictConfig, device: torch.device):
     """Return (model, tokenizer) in eval mode on `device` with the configured dtype and attention implementation;
     the weights are loaded onto the device directly (device_map) where accelerate is installed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import is_accelerate_available
 
     check_dtype_supported(cfg, device)
@@ -127,7 +126,8 @@ def load_model(cfg: DictConfig, device: torch.device):
     prompt_format = set_prompt_format(tokenizer, cfg.get("prompt_format", "auto"), cfg.get("chat_template"))
     if prompt_format == "plain" and cfg.get("prompt_format", "auto") == "auto":
         print(f"warning: model '{cfg.name}' has no chat template; prompts use the plain format "
-              f"('User: ...\\n\\nAssistant:', docs/models.md: Prompts); set model.chat_template=... or model.prompt_format=raw "
+              f"('User: ...\\n\\nAssistant:', docs/models.md: Prompts); set model.chat_template=... or "
+              f"model.prompt_format=raw "
               f"to change it", file=sys.stderr)
     if not placement:  # without accelerate transformers loads on the CPU; copy it over
         model.to(device)

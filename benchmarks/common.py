@@ -7,10 +7,9 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from bench.models import load_model
 from bench.artifacts import PROJECT_ROOT
-from bench.models import eos_token_ids
 from bench.engine.timing import timed
+from bench.models import eos_token_ids, load_model
 from tasks import first_turn_prompts, read_questions
 
 
@@ -81,9 +80,11 @@ def print_comparison(totals: dict, forwards: dict, pairs: list[tuple[str, str]])
         print(f"{name:11s} {t['tokens']:6d} tokens {t['seconds']:7.2f} s {t['tokens'] / t['seconds']:7.2f} tok/s   "
               f"{columns} mean accepted tokens {t['tokens'] / counts['target']:.2f}")
     for ours, base in pairs:
-        speedup = (totals[ours]["tokens"] / totals[ours]["seconds"]) / (totals[base]["tokens"] / totals[base]["seconds"])
+        rate = {side: totals[side]["tokens"] / totals[side]["seconds"] for side in (ours, base)}
+        speedup = rate[ours] / rate[base]
         same = sum(a == b for a, b in zip(totals[ours]["outputs"], totals[base]["outputs"]))
-        print(f"{ours:11s} speedup over {base}: {speedup:.2f}x   identical outputs: {same}/{len(totals[base]['outputs'])}")
+        total = len(totals[base]["outputs"])
+        print(f"{ours:11s} speedup over {base}: {speedup:.2f}x   identical outputs: {same}/{total}")
 
 
 def interleave(prompts: list[list[int]], contenders: dict[str, Callable[[list[int]], list[int]]], device) -> dict:

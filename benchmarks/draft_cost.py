@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.measure.assemble import build_drafter
 from bench.config import compose_config
+from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
+from bench.measure.assemble import build_drafter
 from benchmarks.common import make_parser, setup
 from methods.heads.common import DraftVocabulary
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.artifacts import PROJECT_ROOT
-from bench.measure.assemble import build_drafter
+from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
-from benchmarks.common import ForwardCounter, count_forwards, hf_generate, interleave, make_parser, print_comparison, setup
+from bench.measure.assemble import build_drafter
+from benchmarks.common import (
+    ForwardCounter,
+    count_forwards,
+    hf_generate,
+    interleave,
+    make_parser,
+    print_comparison,
+    setup,
+)
 
 
 def main() -> None:

@@ -66,7 +66,8 @@ def head_stepper(cfg, target):
 def sps_stepper(cfg, target):
     """(step(dtype) -> None, tokens per step, what) for SpS's KL distillation on random token ids."""
     tcfg = cfg.train
-    batch = torch.randint(target.config.vocab_size, (tcfg.batch_size, tcfg.seq_len), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(target.config.vocab_size, (tcfg.batch_size, tcfg.seq_len), generator=generator)
     drafts = {dtype: slice_target(target, list(tcfg.layers)) for dtype in DTYPES}
     params = {dtype: list(own_state(d).values()) for dtype, d in drafts.items()}
     for group in params.values():
@@ -118,7 +119,7 @@ def main() -> None:
         print(f"{method}: done", file=sys.stderr)
     print(f"training tokens/s, median of {args.steps} steps per dtype (alternating, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})")
-    print(f"| method | step | float32 tok/s | bfloat16 autocast tok/s | ratio |\n| --- | --- | --- | --- | --- |")
+    print("| method | step | float32 tok/s | bfloat16 autocast tok/s | ratio |\n| --- | --- | --- | --- | --- |")
     for method, what, fp32, bf16 in rows:
         print(f"| {method} | {what} | {fp32:,.0f} | {bf16:,.0f} | {bf16 / fp32:.2f}x |")
 

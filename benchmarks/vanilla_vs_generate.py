@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import hf_generate, interleave, make_parser, setup
 from bench.engine.batched import BatchedEngine
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from benchmarks.common import hf_generate, interleave, make_parser, setup
 
 
 def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[int]:

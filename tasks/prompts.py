@@ -1,7 +1,6 @@
 """How a conversation becomes prompt tokens: the prompt formats (the model's chat template, a plain one, raw)."""
 from __future__ import annotations
 
-
 PROMPT_FORMATS = ("auto", "plain", "raw")
 
 

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM)
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
 
@@ -109,8 +116,8 @@ def load_smollm2():
     """(model, tokenizer) of the real SmolLM2-135M-Instruct on CPU, in its configured dtype; loaded once per session."""
     from omegaconf import OmegaConf
 
-    from bench.models import load_model
     from bench.artifacts import PROJECT_ROOT
+    from bench.models import load_model
 
     return load_model(OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml"), torch.device("cpu"))
 

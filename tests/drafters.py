@@ -1,8 +1,8 @@
 """Drafters used only by tests, loadable by `_target_` from a method override."""
 from __future__ import annotations
 
-from bench.engine.tree import DraftTree
 from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree
 
 
 class RepeatLastDrafter(Drafter):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import functools
 
-from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.config import compose_config
+from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import eos_token_ids
 from tests.conftest import generate_tokens, load_smollm2, spec_bench_prompts, vanilla_tokens
 
@@ -52,7 +52,7 @@ def compose_method(name: str, *overrides: str):
 
 def drafter_from_config(name: str, model, tokenizer, *overrides: str):
     """The drafter of conf/method/<name>.yaml, built as the runner builds it."""
-    from bench.measure.assemble import build_drafter
     from bench.engine.sampling import SamplingConfig
+    from bench.measure.assemble import build_drafter
 
     return build_drafter(compose_method(name, *overrides).method, model, tokenizer, SamplingConfig())

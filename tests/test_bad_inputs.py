@@ -10,12 +10,12 @@ import sys
 import pytest
 
 import bench.measure.run
-from bench.engine.batched import BatchedEngine
-from bench.records import read_jsonl
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config
-from bench.measure.run import run
+from bench.engine.batched import BatchedEngine
 from bench.errors import ConfigError
+from bench.measure.run import run
+from bench.records import read_jsonl
 from bench.validate import validate
 from tasks import QUESTIONS_FILE, load_questions
 from tests.conftest import tiny_overrides

@@ -1,5 +1,5 @@
-"""The batched engine (bench/engine/batched.py) is lossless at any batch size: every row's tokens, and its accepted tokens
-per step, are what batch-1 decoding of its prompt gives, for every method's drafter."""
+"""The batched engine (bench/engine/batched.py) is lossless at any batch size: every row's tokens, and its accepted
+tokens per step, are what batch-1 decoding of its prompt gives, for every method's drafter."""
 from __future__ import annotations
 
 import json
@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from bench.engine.batched import BatchedEngine
-from bench.planning.policy import SpeculationPlanner
-from bench.planning.costmodel import Profile
-from methods.rest_datastore import write_datastore
+from bench.engine.drafter import Drafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.measure.run import run
 from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DraftTree
 from bench.errors import ConfigError
+from bench.measure.run import run
+from bench.planning.costmodel import Profile
+from bench.planning.policy import SpeculationPlanner
 from bench.validate import validate
-from bench.engine.drafter import Drafter
 from methods.eagle.dynamic import Eagle2Drafter
 from methods.eagle.static import Eagle1Drafter
 from methods.hydra.drafter import HydraDrafter
@@ -26,6 +25,7 @@ from methods.lookahead import LookaheadDrafter
 from methods.medusa.drafter import MedusaDrafter
 from methods.pld import PromptLookupDrafter
 from methods.rest import RestDrafter
+from methods.rest_datastore import write_datastore
 from methods.sps.drafter import DraftModelDrafter
 from tests.conftest import VOCAB, generate_tokens, vanilla_tokens
 
@@ -251,10 +251,10 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     """SmolLM2 (float32) at batch 3, a long prompt beside two short ones: every row of every method equals its
     batch-1 vanilla tokens, or first differs where the target's top two logits tie (batched arithmetic rounds
     differently), as the runner's divergence check classifies it."""
-    from methods.rest_datastore import build
     from bench.config import compose_config
-    from bench.models import eos_token_ids
     from bench.measure.exactness import find_divergence
+    from bench.models import eos_token_ids
+    from methods.rest_datastore import build
     from tests.conftest import load_smollm2, spec_bench_prompts
     from tests.method_checks import drafter_from_config, smollm2_vanilla
 

@@ -1,4 +1,5 @@
-"""bench.measure.contention: the busy-machine warnings, cores under a cgroup quota, and CPU share from hand-built records."""
+"""bench.measure.contention: the busy-machine warnings, cores under a cgroup quota, and CPU share from hand-built
+records."""
 from __future__ import annotations
 
 import math

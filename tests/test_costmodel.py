@@ -1,4 +1,4 @@
-"""The cost model (bench/planning/costmodel.py, bench/planning/profile.py, bench/planning/policy.py): profiles, phase times, predicted speedup,
+"""The cost model (bench/planning/costmodel.py, profile.py, policy.py): profiles, phase times, predicted speedup,
 method.sizing=auto."""
 from __future__ import annotations
 
@@ -11,18 +11,23 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.planning.policy import PlannedDrafter
-from bench.engine.tree import first_nodes
-from bench.planning.costmodel import (Profile, ProfileError, best_size, predicted_seconds, predicted_speedup,
-                                      device_slug, profile_path, turn_contexts)
-from bench.planning.profile import BLAS_ENVIRONMENT, measure_forward_times, profile_command, profile_setting
-from bench.records import PHASES
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.records import read_jsonl
-from bench.artifacts import PROJECT_ROOT
-from bench.measure.run import run
-from bench.engine.tree import DraftTree
 from bench.engine.drafter import Drafter
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.tree import DraftTree, first_nodes
+from bench.measure.run import run
+from bench.planning.costmodel import (
+    Profile,
+    ProfileError,
+    best_size,
+    device_slug,
+    predicted_seconds,
+    predicted_speedup,
+    profile_path,
+    turn_contexts,
+)
+from bench.planning.policy import PlannedDrafter
+from bench.planning.profile import BLAS_ENVIRONMENT, measure_forward_times, profile_command, profile_setting
+from bench.records import PHASES, read_jsonl
 from methods.medusa.drafter import MedusaDrafter
 from methods.medusa.heads import MedusaHeads
 from methods.pld import PromptLookupDrafter
@@ -362,7 +367,8 @@ def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compos
     assert overall.loc["pld+auto", "predicted_speedup"] > 0 and overall.loc["pld+auto", "verify_share"] > 0.2
     text = (tmp_path / "report" / "leaderboard.md").read_text()
     costs = table_rows(text.split("### Where the time goes")[1])
-    assert costs[0][:4] == ["method", "speedup", "predicted", "gap"] and {r[0] for r in costs[2:]} == {"pld", "pld+auto"}
+    assert costs[0][:4] == ["method", "speedup", "predicted", "gap"]
+    assert {r[0] for r in costs[2:]} == {"pld", "pld+auto"}
     auto_row = next(r for r in costs[2:] if r[0] == "pld+auto")
     assert auto_row[2].endswith("x") and auto_row[4].endswith("%")
     assert len(list((tmp_path / "report").glob("forward_time-*.png"))) == 1

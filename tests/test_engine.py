@@ -5,11 +5,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, MambaConfig, RwkvConfig
 
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.engine.kvcache import keep_accepted_kv
-from bench.engine.kvcache import UnsupportedModelError, new_cache
-from bench.engine.tree import DraftTree
 from bench.engine.drafter import Drafter
+from bench.engine.kvcache import UnsupportedModelError, keep_accepted_kv, new_cache
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.tree import DraftTree
 from tests.conftest import VOCAB, generate_tokens, tiny_config, vanilla_tokens
 
 

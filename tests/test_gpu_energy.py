@@ -11,16 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import bench.measure.gpu
 from bench.engine.batched import BatchOutput
-from bench.measure.decoding import BatchQuestionDecoder, QuestionDecoder
-from bench.records import PHASES
 from bench.engine.loop import StopCondition, TurnOutput
+from bench.measure.decoding import BatchQuestionDecoder, QuestionDecoder
 from bench.measure.gpu import GpuMonitor
 from bench.measure.metrics import joules_per_token, summarize
-from bench.records import answer_record, read_jsonl
-from bench.report.render import write_report
 from bench.measure.run import run
+from bench.records import PHASES, answer_record, read_jsonl
+from bench.report.render import write_report
 from tests.report_fixtures import record, write_run
 
 UUID = "5e2f0d1c-0000-4a4a-9b9b-123456789abc"  # as torch prints a device's uuid

@@ -128,9 +128,9 @@ def test_a_float16_cache_of_before_the_dtype_knob_is_read_and_never_mixed_with_b
 
 
 def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.heads.training import train_heads
     from methods.medusa.drafter import MedusaDrafter
     from methods.medusa.train import MedusaRecipe
-    from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
@@ -168,9 +168,9 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
 
 
 def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from methods.heads.training import train_heads
     from methods.hydra.drafter import HydraDrafter
     from methods.hydra.train import HydraRecipe
-    from methods.heads.training import train_heads
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")

@@ -12,11 +12,10 @@ import torch
 
 from bench.engine.acceptance import host_with_drafts
 from bench.engine.batched import BatchedEngine
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.engine.sampling import pick_token
-from bench.engine.sampling import SamplingConfig
-from bench.engine.tree import DeviceTokens, DraftTree
 from bench.engine.drafter import Drafter
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.sampling import SamplingConfig, pick_token
+from bench.engine.tree import DeviceTokens, DraftTree
 from methods.heads.common import DraftVocabulary
 from methods.medusa.drafter import MedusaDrafter
 from methods.pld import PromptLookupDrafter

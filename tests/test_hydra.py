@@ -16,7 +16,6 @@ from methods.hydra.drafter import HydraDrafter
 from methods.hydra.heads import HydraHeads, HydraPrefixHeads
 from methods.medusa.drafter import MedusaDrafter
 from methods.medusa.heads import MedusaHeads
-from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
@@ -140,7 +139,8 @@ def test_hydra_plus_plus_checkpoint_computes_as_published(tiny_model, tmp_path):
     torch.testing.assert_close(got, expected)
 
 
-def test_hydra_plus_plus_is_lossless_and_its_prefix_sees_the_accepted_context(tiny_model, prompts, one_thread, tmp_path):
+def test_hydra_plus_plus_is_lossless_and_its_prefix_sees_the_accepted_context(tiny_model, prompts, one_thread,
+                                                                              tmp_path):
     """Greedy decoding with a loaded Hydra++ checkpoint equals vanilla; at every proposal the h_t the heads read
     equals the prefix layer run uncached over the target's features of the whole accepted context."""
     _, prefix = write_upstream_checkpoint(tiny_model, tmp_path / "hydra++", num_heads=4, num_layers=2, seed=3)

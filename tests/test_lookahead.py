@@ -9,8 +9,8 @@ import torch
 from transformers import DynamicCache
 
 from bench.engine.acceptance import Acceptance
-from bench.engine.loop import SpeculativeEngine
 from bench.engine.drafter import StepResult
+from bench.engine.loop import SpeculativeEngine
 from methods.lookahead import LookaheadDrafter, window_layout
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, drafter_from_config
 

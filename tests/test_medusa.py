@@ -8,11 +8,10 @@ import torch
 
 from bench.errors import MissingArtifactError
 from methods.heads.common import DraftVocabulary, save_heads
+from methods.heads.trees import TREES, tree_from_choices
 from methods.medusa.checkpoints import load_medusa
 from methods.medusa.drafter import MedusaDrafter
 from methods.medusa.heads import MedusaHeads
-from methods.heads.trees import tree_from_choices
-from methods.heads.trees import TREES
 from tests.conftest import VOCAB
 from tests.drafters import recording
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
@@ -69,7 +68,8 @@ def test_drafter_uses_the_feature_of_the_last_accepted_token(tiny_model, prompts
 
 
 def write_upstream_checkpoint(folder, heads: MedusaHeads) -> None:
-    """FasterDecoding's layout: config.json + medusa_lm_head.pt with keys `{head}.{layer}.linear.*`, `{head}.1.weight`."""
+    """FasterDecoding's layout: config.json + medusa_lm_head.pt with keys `{head}.{layer}.linear.*` and
+    `{head}.1.weight`."""
     folder.mkdir()
     state = {}
     for k, (block, projection) in enumerate(zip(heads.blocks, heads.projections)):

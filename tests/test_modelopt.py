@@ -10,14 +10,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from methods.heads.features import Features
 from bench.errors import MissingArtifactError
 from bench.models import load_model
 from methods.heads.common import DraftVocabulary
+from methods.heads.features import Features
 from methods.medusa.checkpoints import load_medusa
 from methods.medusa.drafter import MedusaDrafter
-from methods.medusa.modelopt import (SAVED_FILE, ModelOptMedusaRecipe, heads_view, import_modelopt,
-                                    load_modelopt_medusa, medusa_config)
+from methods.medusa.modelopt import (
+    SAVED_FILE,
+    ModelOptMedusaRecipe,
+    import_modelopt,
+    load_modelopt_medusa,
+    medusa_config,
+)
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)

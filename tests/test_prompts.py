@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bench.records import read_jsonl
 from bench.measure.run import run
+from bench.records import read_jsonl
 from tasks.prompts import build_prompt, set_prompt_format
 from tests.conftest import WINDOW
 

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.config import compose_config
-from bench.models import eos_token_ids
+from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.measure.run import run
+from bench.models import eos_token_ids
 from tests.conftest import spec_bench_prompts
 
 pytestmark = pytest.mark.real_model

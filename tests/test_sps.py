@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from bench.artifacts import PROJECT_ROOT
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
-from bench.artifacts import PROJECT_ROOT
 from methods.sps.draft import load_draft, resolve_draft_path, save_draft, slice_target
 from methods.sps.drafter import DraftModelDrafter
 from tests.conftest import make_tiny_model
@@ -109,7 +109,8 @@ def test_saved_draft_stores_only_its_own_layers_and_reloads(tiny_model, tmp_path
 
 def test_missing_draft_names_its_path_and_how_to_make_it(tiny_model):
     with pytest.raises(MissingArtifactError) as error:
-        DraftModelDrafter(tiny_model, draft_path="artifacts/sps/nowhere", train_command="python -m bench.train method=sps")
+        DraftModelDrafter(tiny_model, draft_path="artifacts/sps/nowhere",
+                          train_command="python -m bench.train method=sps")
     message = str(error.value)
     assert "\n" not in message and str(PROJECT_ROOT / "artifacts/sps/nowhere") in message
     assert "python -m bench.train method=sps" in message

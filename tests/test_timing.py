@@ -8,16 +8,15 @@ import json
 import pytest
 import torch
 
+from bench.artifacts import PROJECT_ROOT
 from bench.engine.batched import BatchedEngine
+from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.timing import PhaseTimer
 from bench.planning.costmodel import Profile, profile_path
 from bench.planning.profile import measure_forward_times, tree_step_inputs
 from bench.records import PHASES
-from bench.engine.timing import PhaseTimer
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.artifacts import PROJECT_ROOT
 from methods.pld import PromptLookupDrafter
-from tests.test_costmodel import BASE, PER_TOKEN, TREE_MASK, FakeClock, slowed
-from tests.test_costmodel import clock, slow_model  # noqa: F401 (fixtures)
+from tests.test_costmodel import BASE, PER_TOKEN, TREE_MASK, FakeClock, clock, slow_model, slowed  # noqa: F401 (fixtures)
 
 
 class FakeEvents:

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from bench.records import read_jsonl
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config
-from bench.measure.run import run
 from bench.errors import ConfigError
+from bench.measure.run import run
+from bench.records import read_jsonl
 from bench.validate import validate
 
 
@@ -59,7 +59,8 @@ def test_prompts_too_long_for_the_context_window_are_skipped_and_recorded(compos
     assert skipped["category"] == "summarization"
     assert skipped["skipped"].startswith("turn 1: prompt of ") and "> the model's context window of 512 tokens" in \
         skipped["skipped"]
-    assert [a["category"] for a in read_jsonl(out / "answers.jsonl")] == ["qa"] and list(summary.task) == ["qa", "overall"]
+    assert [a["category"] for a in read_jsonl(out / "answers.jsonl")] == ["qa"]
+    assert list(summary.task) == ["qa", "overall"]
     assert json.loads((out / "meta.json").read_text())["skipped_questions"] == [skipped["question_id"]]
     assert run(compose(*args, checkpoint=base_checkpoint)) is not None  # a rerun neither retries nor repeats it
     assert len(read_jsonl(out / "skipped.jsonl")) == 1 and len(read_jsonl(out / "answers.jsonl")) == 1

@@ -28,7 +28,8 @@ def make_tiny_checkpoint(path: Path, base_model: bool = False) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(QUESTIONS_FILE.read_text().splitlines()[:100], trainer)
     if base_model:
-        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
+        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                           special_tokens=[(bos, bpe.token_to_id(bos))])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, bos_token=bos)
     if not base_model:
         tokenizer.chat_template = CHAT_TEMPLATE

@@ -9,8 +9,8 @@ Step by step (gpt-fast's shape, generalised to trees):
 
 Each turn also says where its time went (`TurnOutput.phase_seconds`: prefill, draft, verify, accept; on CUDA from
 events recorded at each boundary and read after the turn, see PhaseTimer) and how many tokens each verification
-forward carried (`TurnOutput.verified_tokens`), which the cost model (bench/planning/costmodel.py) turns into a predicted
-speedup.
+forward carried (`TurnOutput.verified_tokens`), which the cost model (bench/planning/costmodel.py) turns into a
+predicted speedup.
 
 The batched engine (bench/engine/batched.py) runs the same steps for B rows and shares their code with this one:
 `target_forward` (logits and the drafter's features), `open_turn` and `record_step` (a row's bookkeeping),
@@ -30,6 +30,7 @@ from bench.engine.kvcache import attention_windows, host_to_device, keep_accepte
 from bench.engine.sampling import SamplingConfig, pick_token
 from bench.engine.timing import Clock, PhaseTimer
 from bench.engine.tree import DraftTree, real_tree
+
 
 @dataclass
 class StopCondition:

@@ -14,13 +14,34 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.report.plots import (PLOT_PREFIXES, plot_accept_by_position, plot_accept_histogram, plot_batch_sweep,
-                                plot_forward_time, plot_predicted_vs_measured, plot_speedup_by_task,
-                                plot_speedup_vs_mat)
+from bench.report.plots import (
+    PLOT_PREFIXES,
+    plot_accept_by_position,
+    plot_accept_histogram,
+    plot_batch_sweep,
+    plot_forward_time,
+    plot_predicted_vs_measured,
+    plot_speedup_by_task,
+    plot_speedup_vs_mat,
+)
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
-from bench.report.tables import (POSITION_COLUMNS, accept_lengths_by_method, acceptance_table, backend_comparisons,
-                                 backend_table, batch_sweep_table, batch_sweeps, board_of, cost_table, formatted,
-                                 markdown, profiles_of, setting_facts, table_warnings, wide_table)
+from bench.report.tables import (
+    POSITION_COLUMNS,
+    accept_lengths_by_method,
+    acceptance_table,
+    backend_comparisons,
+    backend_table,
+    batch_sweep_table,
+    batch_sweeps,
+    board_of,
+    cost_table,
+    formatted,
+    markdown,
+    profiles_of,
+    setting_facts,
+    table_warnings,
+    wide_table,
+)
 
 
 def slug(board: pd.DataFrame, taken: set[str]) -> str:

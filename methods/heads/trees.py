@@ -63,8 +63,8 @@ def tree_from_choices(choices: list[list[int]]) -> tuple[DraftTree, torch.Tensor
 
 
 def static_tree(choices, tree_size: int | None, num_heads: int, method: str):
-    """tree_from_choices of the first `tree_size` choices (a name in methods/heads/trees.py or a list; default: one chain as
-    deep as the heads), refused when deeper than the checkpoint's `num_heads`."""
+    """tree_from_choices of the first `tree_size` choices (a name in methods/heads/trees.py or a list; default: one
+    chain as deep as the heads), refused when deeper than the checkpoint's `num_heads`."""
     choices = (resolve_choices(choices) or [[0] * d for d in range(1, num_heads + 1)])[:tree_size]
     template, node_heads, node_ranks = tree_from_choices(choices)
     if int(node_heads.max()) >= num_heads:

@@ -35,10 +35,20 @@ from bench.models import load_model
 from methods.heads.common import read_json, read_tensors, save_atomically
 from methods.heads.self_distill import answer_sequences
 from methods.heads.settings import AnswerSettings
-from methods.heads.training import (TRAIN_STATE, autocast, cumulative, earlier_stints, learning_rate,
-                                    matching_train_state, save_train_state, stint_record, training_dtype)
+from methods.heads.training import (
+    TRAIN_STATE,
+    autocast,
+    cumulative,
+    earlier_stints,
+    learning_rate,
+    matching_train_state,
+    save_train_state,
+    stint_record,
+    training_dtype,
+)
 from methods.sps.draft import load_draft, own_state, resolve_draft_path, save_draft, slice_target
 from methods.sps.drafter import DraftModelDrafter
+
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
     """Fixed-length training sequences: each conversation through the chat template, cut into at most
