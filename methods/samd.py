@@ -34,7 +34,7 @@ from methods.rest_datastore import datastore_path
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "eagle2", "none")
-EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (default model.eagle.checkpoint)"
+EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (conf/method_model/samd/<model>.yaml)"
 
 
 class SamdDrafter(Drafter):

@@ -154,7 +154,7 @@ def test_the_commands_refuse_in_one_line_with_status_2_before_any_model_work(tmp
 
 
 @pytest.mark.parametrize("overrides, line", [
-    (["method=eagle2", "method.drafter.depth=0"], "method.drafter.depth=0: must be >= 1"),
+    (["method=eagle2", "method.drafter.depth=-1"], "method.drafter.depth=-1: must be >= 0"),
     (["method=eagle3", "method.drafter.total_token=1"], "method.drafter.total_token=1: must be >= 2"),
     (["method=medusa", "method.drafter.tree_size=0"], "method.drafter.tree_size=0: must be >= 1"),
     (["method=hydra", "method.drafter.choices=[[0],[1,0],[2,0,0]]"],
@@ -175,5 +175,5 @@ def test_a_trained_drafter_refuses_in_its_constructor_with_the_entry_line():
     """The rule lives on the drafter class: building it with the bad value says the entry's line."""
     drafter = get_class(compose_config("method=eagle2").method.drafter._target_)
     with pytest.raises(ValueError) as error:
-        drafter(None, depth=0)
-    assert str(error.value) == refusal("method=eagle2", "method.drafter.depth=0")
+        drafter(None, top_k=0)
+    assert str(error.value) == refusal("method=eagle2", "method.drafter.top_k=0")

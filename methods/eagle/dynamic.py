@@ -22,7 +22,7 @@ from methods.heads.tiny import random_weights
 class Eagle2Drafter(EagleDrafter):
     """EAGLE-2's dynamic tree (`total_token`, `depth`, `top_k`) over an EAGLE head."""
 
-    knob_rules = {"total_token": at_least(2), "depth": at_least(1), "top_k": at_least(1)}
+    knob_rules = {"total_token": at_least(2), "depth": at_least(0), "top_k": at_least(1)}
 
     def __init__(self, target, tokenizer=None, checkpoint: str | None = "", total_token: int = 60, depth: int = 5,
                  top_k: int = 10, sampling: SamplingConfig | None = None, seed: int | None = None,

@@ -1,4 +1,4 @@
-"""SpS's draft training (`python -m bench.train method=sps`, methods/train.py): the draft is a few of the
+"""SpS's draft training (`python -m bench.train method=sps`, bench/train.py): the draft is a few of the
 target's own decoder layers (copied, then trained) on top of its embedding and LM head (shared, frozen, not
 stored). With `features.source=sharegpt` it learns KL(p_target || q_draft) on ShareGPT conversations rendered with
 the target's chat template, the target's distribution computed on the fly, without gradients; with
