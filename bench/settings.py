@@ -33,6 +33,8 @@ class ModelSettings:
     dtype: str
     attn_implementation: str = "sdpa"
     prompt_format: str = "auto"
+    tie_margin: float = 0.0  # a divergence is a numeric tie when both tokens' logits lie this close to the top's
+    tie_check_dtype: str | None = None  # the dtype whose copy of the target judges ties (None: the run's own)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,14 @@ class DrafterSettings:
     knobs: dict = field(default_factory=dict)
 
 
+def drafter_settings(method: DictConfig) -> DrafterSettings | None:
+    """`method.drafter` of a method's config, resolved (None: vanilla, which drafts nothing)."""
+    if method.get("drafter") is None:
+        return None
+    knobs = OmegaConf.to_container(method.drafter, resolve=True)
+    return DrafterSettings(knobs.pop("_target_"), knobs)
+
+
 @dataclass(frozen=True)
 class MethodSettings:
     name: str
@@ -59,6 +69,14 @@ class MethodSettings:
     def label(self) -> str:
         """The method's name in records and reports (bench.method_label)."""
         return method_label(self.name, self.sizing)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """`bootstrap.*`: the speedup's 95% interval, a paired bootstrap over questions."""
+
+    samples: int = 2000
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,21 +94,21 @@ class RunSettings:
     baseline: bool = True
     warmup_tokens: int = 16
     repeats: int = 1
+    starvation_threshold: float = 0.75  # CPU share below which the run is starved
+    bootstrap: Bootstrap = field(default_factory=Bootstrap)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
         """The typed settings of a composed, folded and checked config (bench.validate.validate)."""
         gen, model, task, method = cfg.gen, cfg.model, cfg.task, cfg.method
-        drafter = None
-        if method.get("drafter") is not None:
-            knobs = OmegaConf.to_container(method.drafter, resolve=True)
-            drafter = DrafterSettings(knobs.pop("_target_"), knobs)
         return cls(
             Generation(int(gen.max_new_tokens), int(gen.get("batch_size", 1)), float(gen.get("temperature", 0.0)),
                        int(gen.get("top_k", 0)), float(gen.get("top_p", 1.0)), tuple(gen.get("stop_strings", ()))),
             ModelSettings(model.name, model.dtype, model.get("attn_implementation", "sdpa"),
-                          model.get("prompt_format", "auto")),
+                          model.get("prompt_format", "auto"), float(model.get("tie_margin", 0.0)),
+                          model.get("tie_check_dtype")),
             TaskSettings(task.name, task.get("limit")),
-            MethodSettings(method.name, sizing_of(method), drafter),
+            MethodSettings(method.name, sizing_of(method), drafter_settings(method)),
             **{key: cfg[key] for key in ("backend", "device", "seed", "out_dir", "baseline", "warmup_tokens",
-                                         "repeats") if key in cfg})
+                                         "repeats", "starvation_threshold") if key in cfg},
+            **({"bootstrap": Bootstrap(**cfg.bootstrap)} if "bootstrap" in cfg else {}))

@@ -25,6 +25,7 @@ from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import build_drafter
 from bench.measure.exactness import find_divergence
 from bench.models import eos_token_ids, load_check_model, load_model
+from bench.settings import drafter_settings
 from tasks import first_turn_prompts, read_questions, task_of
 
 
@@ -63,7 +64,7 @@ def main() -> None:
     found = []
     for name in args.methods.split(","):
         method_cfg = compose_config(f"model={args.model}", "+model.allow_slow_bfloat16=true", f"method={name}").method
-        engine = SpeculativeEngine(model, build_drafter(method_cfg, model, tokenizer, greedy), greedy)
+        engine = SpeculativeEngine(model, build_drafter(drafter_settings(method_cfg), model, tokenizer, greedy), greedy)
         for question, prompt, reference in zip(tqdm(questions, desc=f"{name} bf16"), prompts, references):
             tokens = engine.generate(prompt, stop).tokens
             divergence = find_divergence(model, [{"token_ids": tokens, "prompt_ids": prompt}],

@@ -18,6 +18,7 @@ from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import build_drafter
+from bench.settings import drafter_settings
 from benchmarks.common import make_parser, setup
 from methods.heads.common import DraftVocabulary
 
@@ -60,7 +61,7 @@ def main() -> None:
     for method in args.methods:
         for full in (False, True):
             cfg = compose_config(f"method={method}", f"model={args.model}")
-            drafter = build_drafter(cfg.method, model, tokenizer, SamplingConfig())
+            drafter = build_drafter(drafter_settings(cfg.method), model, tokenizer, SamplingConfig())
             if full:
                 drafter.vocab = DraftVocabulary(model.get_output_embeddings())
             timer = Timed(drafter, model)

@@ -15,6 +15,7 @@ from bench.artifacts import PROJECT_ROOT
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import build_drafter
+from bench.settings import drafter_settings
 from benchmarks.common import (
     ForwardCounter,
     count_forwards,
@@ -29,8 +30,8 @@ from benchmarks.common import (
 def main() -> None:
     args = make_parser(__doc__, questions=4, max_new_tokens=128).parse_args()
     model, tokenizer, prompts, eos = setup(args)
-    drafter = build_drafter(OmegaConf.load(PROJECT_ROOT / "conf" / "method" / "pld.yaml"), model, tokenizer,
-                            SamplingConfig())
+    pld_yaml = OmegaConf.load(PROJECT_ROOT / "conf" / "method" / "pld.yaml")
+    drafter = build_drafter(drafter_settings(pld_yaml), model, tokenizer, SamplingConfig())
     knobs = {"max_ngram_size": drafter.max_ngram_size, "num_pred_tokens": drafter.num_pred_tokens}
     stop = StopCondition(args.max_new_tokens, frozenset(eos))
     vanilla = SpeculativeEngine(model)

@@ -54,5 +54,7 @@ def drafter_from_config(name: str, model, tokenizer, *overrides: str):
     """The drafter of conf/method/<name>.yaml, built as the runner builds it."""
     from bench.engine.sampling import SamplingConfig
     from bench.measure.assemble import build_drafter
+    from bench.settings import drafter_settings
 
-    return build_drafter(compose_method(name, *overrides).method, model, tokenizer, SamplingConfig())
+    return build_drafter(drafter_settings(compose_method(name, *overrides).method), model, tokenizer,
+                         SamplingConfig())

@@ -16,7 +16,8 @@ from bench import label_of, sizing_of
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config, fold_deprecated
 from bench.errors import ConfigError
-from bench.measure.backends.engine import engine_run_keys as run_keys
+from bench.measure.backends.engine import engine_key_inputs
+from bench.measure.protocol import run_keys
 from bench.measure.run import run
 from bench.records import config_key, read_jsonl
 
@@ -42,7 +43,7 @@ def test_old_spellings_compose_to_the_same_policy_with_one_deprecation_line(caps
     assert OmegaConf.to_container(folded.method) == OmegaConf.to_container(plain.method)
     assert folded.method.sizing == new and OmegaConf.select(folded, key) is None
     assert folded.out_dir == plain.out_dir
-    assert run_keys(folded, CPU, None) == run_keys(plain, CPU, None)
+    assert run_keys(engine_key_inputs(folded, CPU, None)) == run_keys(engine_key_inputs(plain, CPU, None))
     fold_deprecated(folded)  # folded once: a second fold (run() after compose_config) says nothing
     assert capsys.readouterr().err == ""
 
@@ -108,9 +109,10 @@ KEYS_BEFORE = {(1, "upstream"): ("495ec44491defcef", "2ec68649886ab51a"),
 def test_run_keys_are_those_before_the_rename(batch, sizing):
     new = fixed_config(batch, sizing=sizing, budget=None, batch_policy=None)
     old = fixed_config(batch, budget=sizing, batch_policy="always")
-    assert run_keys(new, CPU, None) == run_keys(old, CPU, None) == KEYS_BEFORE[batch, sizing]
+    assert run_keys(engine_key_inputs(new, CPU, None)) == run_keys(engine_key_inputs(old, CPU, None)) == \
+        KEYS_BEFORE[batch, sizing]
     vanilla = OmegaConf.merge(fixed_config(1), {"method": {"name": "vanilla", "drafter": None}})
-    assert run_keys(vanilla, CPU, None) == ("495ec44491defcef", "08fa09c9c6916ea1")
+    assert run_keys(engine_key_inputs(vanilla, CPU, None)) == ("495ec44491defcef", "08fa09c9c6916ea1")
 
 
 def test_the_default_composed_config_keeps_its_run_key():
@@ -123,7 +125,8 @@ def test_the_default_composed_config_keeps_its_run_key():
     setting = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": "cpu",
                "gen": {k: v for k, v in OmegaConf.to_container(cfg.gen, resolve=True).items() if k != "batch_size"},
                "seed": cfg.seed, "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
-    assert run_keys(cfg, CPU, None) == (config_key(**setting), config_key(**setting, method=before, artifact=None))
+    assert run_keys(engine_key_inputs(cfg, CPU, None)) == (config_key(**setting),
+                                                           config_key(**setting, method=before, artifact=None))
 
 
 def test_a_batched_run_under_an_old_spelling_is_planned_and_labelled_auto(compose, tmp_path, capsys):

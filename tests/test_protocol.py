@@ -3,14 +3,15 @@ group, resuming, skipped prompts, exact_match, and the files it writes."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
 from bench.measure.decoding import PromptTooLong
 from bench.measure.protocol import BASELINE, METHOD, Backend, InterleavedRun, KeyInputs, run_keys
 from bench.records import config_key, read_jsonl
+from bench.settings import Bootstrap, Generation, MethodSettings, ModelSettings, RunSettings, TaskSettings
 
 QUESTIONS = [{"question_id": i, "category": "writing", "turns": [f"question {i}"]} for i in range(1, 6)]
 
@@ -52,22 +53,21 @@ class ScriptedBackend(Backend):
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    return OmegaConf.create({"out_dir": str(tmp_path / "run"), "baseline": True, "warmup_tokens": 4, "seed": 10,
-                             "task": {"name": "writing"}, "model": {"name": "m"}, "starvation_threshold": 0.75,
-                             "gen": {"temperature": 0.0, "top_k": 0, "top_p": 1.0},
-                             "bootstrap": {"samples": 10, "seed": 0}})
+def settings(tmp_path):
+    return RunSettings(Generation(max_new_tokens=3), ModelSettings("m", "float32"), TaskSettings("writing"),
+                       MethodSettings("scripted"), out_dir=str(tmp_path / "run"), baseline=True, warmup_tokens=4,
+                       seed=10, starvation_threshold=0.75, bootstrap=Bootstrap(samples=10, seed=0))
 
 
-def test_the_baseline_goes_first_every_other_group_and_a_resume_answers_nothing(cfg, tmp_path):
+def test_the_baseline_goes_first_every_other_group_and_a_resume_answers_nothing(settings, tmp_path):
     backend = ScriptedBackend()
-    summary = InterleavedRun(cfg, backend, started=1.0).run(QUESTIONS)
+    summary = InterleavedRun(settings, backend, started=1.0).run(QUESTIONS)
     assert backend.calls == [("warm_up", METHOD), ("warm_up", BASELINE),
                              (BASELINE, [1, 2], [11, 12]), (METHOD, [1, 2], [11, 12]),
                              (METHOD, [3, 4], [13, 14]), (BASELINE, [3, 4], [13, 14]),
                              (BASELINE, [5], [15]), (METHOD, [5], [15])]
     again = ScriptedBackend()
-    resumed = InterleavedRun(cfg, again, started=2.0).run(QUESTIONS)
+    resumed = InterleavedRun(settings, again, started=2.0).run(QUESTIONS)
     assert [c for c in again.calls if c[0] != "warm_up"] == []
     pd.testing.assert_frame_equal(resumed, summary)
     answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
@@ -84,34 +84,35 @@ def test_the_baseline_goes_first_every_other_group_and_a_resume_answers_nothing(
                     "starved": None}
 
 
-def test_exact_match_and_divergence_against_the_baseline_null_when_sampling(cfg, tmp_path):
-    InterleavedRun(cfg, ScriptedBackend(diverging={2}), started=1.0).run(QUESTIONS[:2])
+def test_exact_match_and_divergence_against_the_baseline_null_when_sampling(settings, tmp_path):
+    InterleavedRun(settings, ScriptedBackend(diverging={2}), started=1.0).run(QUESTIONS[:2])
     records = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert [(r["exact_match"], r["divergence"]) for r in records] == [
         (True, None), (False, {"turn": 0, "position": 2, "numeric_tie": False})]
-    cfg.gen.temperature, cfg.out_dir = 0.7, str(tmp_path / "sampled")
-    InterleavedRun(cfg, ScriptedBackend(diverging={2}), started=1.0).run(QUESTIONS[:2])
+    sampled = Generation(max_new_tokens=3, temperature=0.7)
+    settings = replace(settings, generation=sampled, out_dir=str(tmp_path / "sampled"))
+    InterleavedRun(settings, ScriptedBackend(diverging={2}), started=1.0).run(QUESTIONS[:2])
     records = read_jsonl(tmp_path / "sampled" / "answers.jsonl")
     assert [(r["exact_match"], r["divergence"]) for r in records] == [(None, None), (None, None)]
 
 
 @pytest.mark.parametrize("side", [METHOD, BASELINE])
-def test_a_prompt_too_long_on_either_side_skips_the_question_once(cfg, tmp_path, capsys, side):
-    InterleavedRun(cfg, ScriptedBackend(too_long={3}, too_long_side=side), started=1.0).run(QUESTIONS)
+def test_a_prompt_too_long_on_either_side_skips_the_question_once(settings, tmp_path, capsys, side):
+    InterleavedRun(settings, ScriptedBackend(too_long={3}, too_long_side=side), started=1.0).run(QUESTIONS)
     run_dir = tmp_path / "run"
     assert [r["question_id"] for r in read_jsonl(run_dir / "answers.jsonl")] == [1, 2, 4, 5]
     assert [(r["question_id"], r["skipped"]) for r in read_jsonl(run_dir / "skipped.jsonl")] == [(3, "too long")]
     assert json.loads((run_dir / "meta.json").read_text())["skipped_questions"] == [3]
     assert "skipped 1 question(s) whose prompt + gen.max_new_tokens exceed" in capsys.readouterr().out
     again = ScriptedBackend(too_long={3}, too_long_side=side)
-    InterleavedRun(cfg, again, started=2.0).run(QUESTIONS)
+    InterleavedRun(settings, again, started=2.0).run(QUESTIONS)
     assert [c for c in again.calls if c[0] != "warm_up"] == []
 
 
-def test_without_a_baseline_only_the_method_answers(cfg, tmp_path):
-    cfg.baseline = False
+def test_without_a_baseline_only_the_method_answers(settings, tmp_path):
+    settings = replace(settings, baseline=False)
     backend = ScriptedBackend()
-    InterleavedRun(cfg, backend, started=1.0).run(QUESTIONS[:3])
+    InterleavedRun(settings, backend, started=1.0).run(QUESTIONS[:3])
     assert [c[0] for c in backend.calls] == ["warm_up", METHOD, METHOD]
     assert not (tmp_path / "run" / "baseline.jsonl").exists()
     assert [r.get("exact_match") for r in read_jsonl(tmp_path / "run" / "answers.jsonl")] == [None, None, None]

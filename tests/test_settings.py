@@ -13,7 +13,7 @@ from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config, config_choices, unknown_choices
 from bench.errors import ConfigError
 from bench.knobs import knob_problems, knob_types
-from bench.settings import DrafterSettings, Generation, MethodSettings, RunSettings
+from bench.settings import Bootstrap, DrafterSettings, Generation, MethodSettings, RunSettings
 from bench.validate import validate
 
 
@@ -94,6 +94,14 @@ def test_validate_returns_the_typed_settings():
         "methods.pld.PromptLookupDrafter", {"max_ngram_size": 3, "num_pred_tokens": 10, "match": "latest"}))
     assert settings.method.label == "pld+auto" and (settings.task.name, settings.task.limit) == ("qa", 2)
     assert validate(compose_config("method=vanilla")).method == MethodSettings("vanilla", "upstream", None)
+
+
+def test_the_settings_carry_the_tie_judge_the_starvation_threshold_and_the_bootstrap():
+    settings = validate(compose_config("model=smollm2_135m_bf16", "starvation_threshold=0.5", "bootstrap.samples=7"))
+    assert (settings.model.tie_margin, settings.model.tie_check_dtype) == (0.3, "float32")
+    assert (settings.starvation_threshold, settings.bootstrap) == (0.5, Bootstrap(samples=7, seed=0))
+    default = validate(compose_config()).model
+    assert (default.tie_margin, default.tie_check_dtype) == (0.001, None)
 
 
 def test_unknown_choices_list_the_conf_folder():

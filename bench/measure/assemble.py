@@ -1,4 +1,4 @@
-"""A run's parts from its config: the method's drafter (Hydra `_target_` plus knobs), its engine (batch 1 or
+"""A run's parts from its settings: the method's drafter (its class plus knobs), its engine (batch 1 or
 batched, sized by the planner when the run asks for it) and the question decoders of the method and of its
 baseline (vanilla decoding)."""
 from __future__ import annotations
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import hydra.utils
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from bench.engine.batched import BATCH_PROBE_SHARE, BatchedEngine
 from bench.engine.drafter import Drafter
@@ -16,17 +15,16 @@ from bench.engine.sampling import SamplingConfig
 from bench.measure.decoding import BatchQuestionDecoder, QuestionDecoder
 from bench.planning.costmodel import Profile
 from bench.planning.policy import PlannedDrafter, SpeculationPlanner
+from bench.settings import DrafterSettings
 
 
-def build_drafter(method_cfg: DictConfig, model, tokenizer, sampling: SamplingConfig) -> Drafter | None:
-    """The method's drafter from `method.drafter` (`_target_` plus knobs), given the run's sampling when it declares
-    that it `samples` (bench/engine/drafter.py); None for vanilla."""
-    if method_cfg.get("drafter") is None:
+def build_drafter(drafter: DrafterSettings | None, model, tokenizer, sampling: SamplingConfig) -> Drafter | None:
+    """The method's drafter: its class with its knobs, given the run's sampling when it declares that it `samples`
+    (bench/engine/drafter.py); None for vanilla."""
+    if drafter is None:
         return None
-    knobs = OmegaConf.to_container(method_cfg.drafter, resolve=True)
-    cls = hydra.utils.get_class(knobs.pop("_target_"))
-    if cls.samples:
-        knobs["sampling"] = sampling
+    cls = hydra.utils.get_class(drafter.target)
+    knobs = {**drafter.knobs, "sampling": sampling} if cls.samples else drafter.knobs
     return cls(target=model, tokenizer=tokenizer, **knobs)
 
 

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bench.engine.sampling import SamplingConfig
 from bench.measure.decoding import PromptTooLong
 from bench.measure.metrics import speedup_text, summarize
 from bench.records import AnswerFile, answer_record, config_key
+from bench.settings import RunSettings
 
 METHOD, BASELINE = "method", "baseline"  # the two sides a backend answers for
 BASELINE_METHOD = "vanilla"  # the method name of the baseline's records (baseline.jsonl)
@@ -36,11 +35,6 @@ class KeyInputs:
 def run_keys(inputs: KeyInputs) -> tuple[str, str]:
     """(the baseline's key, the method's key): hashes of what decides each side's outputs."""
     return config_key(**inputs.shared, **inputs.baseline), config_key(**inputs.shared, **inputs.method)
-
-
-def is_greedy(gen: DictConfig) -> bool:
-    """Whether a run's generation settings (cfg.gen) decode greedily: only then is exact_match judged."""
-    return SamplingConfig(gen.temperature, gen.top_k, gen.top_p).greedy
 
 
 class Backend(ABC):
@@ -108,18 +102,18 @@ class Backend(ABC):
 
 
 class InterleavedRun:
-    """One run of `backend`'s method on cfg.task against its baseline; resumes from the answer files in out_dir."""
+    """One run of `backend`'s method on the settings' task against its baseline; resumes from the answer files in
+    out_dir."""
 
-    def __init__(self, cfg: DictConfig, backend: Backend, started: float):
-        self.cfg, self.backend, self.started = cfg, backend, started
+    def __init__(self, settings: RunSettings, backend: Backend, started: float):
+        self.settings, self.backend, self.started = settings, backend, started
         self.baseline_key, method_key = run_keys(backend.key_inputs)
-        out_dir = Path(cfg.out_dir)
+        out_dir = Path(settings.out_dir)
         self.answers = AnswerFile(out_dir / "answers.jsonl", method_key, strict=True)
         self.baselines = self.answers if backend.method_is_baseline else AnswerFile(
             out_dir / "baseline.jsonl", self.baseline_key, strict=False)
         self.skipped = AnswerFile(out_dir / "skipped.jsonl", method_key, strict=False)  # prompts too long
-        self.with_baseline = bool(cfg.baseline) and not backend.method_is_baseline
-        self.greedy = is_greedy(cfg.gen)
+        self.with_baseline = settings.baseline and not backend.method_is_baseline
 
     def run(self, questions: list[dict]) -> pd.DataFrame | None:
         """Answer every question not answered yet; writes the summary and meta.json (also after an interruption)
@@ -127,7 +121,7 @@ class InterleavedRun:
         todo = [q for q in questions if q["question_id"] not in self.answers and q["question_id"] not in self.skipped]
         with ExitStack() as resources:
             self.backend.open(resources)
-            if self.cfg.warmup_tokens:
+            if self.settings.warmup_tokens:
                 for side in self.sides():
                     self.backend.warm_up(side, todo)
             self.backend.timing_starts()
@@ -147,10 +141,11 @@ class InterleavedRun:
         """`group_size` questions at a time, the baseline answering the same group where it has not yet; the
         baseline goes first every other group, so neither side always runs second."""
         size = self.backend.group_size
-        bar = tqdm(total=len(todo), desc=f"{self.backend.label} on {self.cfg.task.name}", unit="q", dynamic_ncols=True)
+        bar = tqdm(total=len(todo), desc=f"{self.backend.label} on {self.settings.task.name}", unit="q",
+                   dynamic_ncols=True)
         for number, start in enumerate(range(0, len(todo), size)):
             group = todo[start : start + size]
-            seeds = [self.cfg.seed + q["question_id"] for q in group]
+            seeds = [self.settings.seed + q["question_id"] for q in group]
             need_baseline = self.with_baseline and any(q["question_id"] not in self.baselines for q in group)
             order = (BASELINE, METHOD) if number % 2 == 0 else (METHOD, BASELINE)
             answered = {side: self.backend.answer(side, group, seeds) for side in order
@@ -179,13 +174,13 @@ class InterleavedRun:
 
     def record(self, question: dict, method: str, run_key: str, turns: list[dict]) -> dict:
         """records.answer_record's line with the backend's own choice fields."""
-        record = answer_record(question, self.cfg.model.name, method, run_key, turns)
+        record = answer_record(question, self.settings.model.name, method, run_key, turns)
         record["choices"][0].update(self.backend.choice_fields(turns))
         return record
 
     def exactness(self, question_id: int, turns: list[dict]) -> dict:
         """exact_match and divergence against the baseline's record: null when sampling, or without one yet."""
-        if not self.greedy:
+        if not self.settings.generation.greedy:
             return {"exact_match": None, "divergence": None}
         if self.backend.method_is_baseline:
             return {"exact_match": True, "divergence": None}
@@ -198,8 +193,8 @@ class InterleavedRun:
     def summary(self, ci_samples: int) -> pd.DataFrame:
         """metrics.summarize of the answers so far against their baselines (ci_samples=0: no interval)."""
         return summarize(self.backend.label, list(self.answers.records.values()), self.baselines.records,
-                         starvation_threshold=self.cfg.starvation_threshold, ci_samples=ci_samples,
-                         ci_seed=self.cfg.bootstrap.seed, profile=self.backend.profile)
+                         starvation_threshold=self.settings.starvation_threshold, ci_samples=ci_samples,
+                         ci_seed=self.settings.bootstrap.seed, profile=self.backend.profile)
 
     def progress_note(self) -> str:
         """The progress bar's note: the speedup and #MAT so far."""
@@ -208,11 +203,11 @@ class InterleavedRun:
 
     def finish(self) -> pd.DataFrame | None:
         """summary.csv and meta.json of what is answered so far; returns the summary (None: no answers)."""
-        out_dir = Path(self.cfg.out_dir)
+        out_dir = Path(self.settings.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         summary = None
         if self.answers.records:
-            summary = self.summary(ci_samples=self.cfg.bootstrap.samples)
+            summary = self.summary(ci_samples=self.settings.bootstrap.samples)
             summary.insert(2, self.backend.group_column, self.backend.group_size)
             summary = self.backend.summary_columns(summary, list(self.answers.records.values()),
                                                    self.baselines.records)
@@ -225,7 +220,7 @@ class InterleavedRun:
 
     def print_closing(self, summary: pd.DataFrame | None) -> None:
         """The heading, the skipped questions, the closing table and the backend's notes."""
-        print(f"\n{self.backend.heading()} -> {self.cfg.out_dir}")
+        print(f"\n{self.backend.heading()} -> {self.settings.out_dir}")
         if self.skipped.records:
             print(f"skipped {len(self.skipped.records)} question(s) whose prompt + gen.max_new_tokens exceed the "
                   f"model's context window: {self.skipped.path}")

@@ -21,8 +21,9 @@ from bench.models import cpu_bfloat16_support
 from bench.planning.profile import blas_environment, device_name
 
 
-def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: GpuMonitor) -> dict:
-    """What a reader needs to trust or reproduce the numbers: config, code version, software, hardware."""
+def run_metadata(cfg: DictConfig, dtype: str, device: torch.device, started: float, gpu: GpuMonitor) -> dict:
+    """What a reader needs to trust or reproduce the numbers: the composed config `cfg`, code version, software,
+    hardware (the model's weights in `dtype` on `device`)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
@@ -41,7 +42,7 @@ def run_metadata(cfg: DictConfig, device: torch.device, started: float, gpu: Gpu
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
         "blas_environment": blas_environment(device),  # MKL code-path variables set (CPU)
-        "dtype": cfg.model.dtype,
+        "dtype": dtype,
         "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),

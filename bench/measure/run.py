@@ -16,6 +16,7 @@ from bench.measure.backends.server import ServerBackend, check_server_config
 from bench.measure.contention import available_cores, machine_load, start_warnings
 from bench.measure.protocol import InterleavedRun
 from bench.models import load_model, load_tokenizer, resolve_device
+from bench.settings import RunSettings
 from bench.validate import validate
 from tasks import load_questions
 from tasks.prompts import set_prompt_format
@@ -25,29 +26,28 @@ def run(cfg: DictConfig) -> pd.DataFrame | None:
     """Run `cfg.method` (or `cfg.server`'s speculation) on `cfg.task`; writes answers.jsonl, baseline.jsonl,
     summary.csv, meta.json to out_dir, and skipped.jsonl for questions too long for the model's context window.
     Returns the summary (None: no answers)."""
+    started = time.time()
     backend = cfg.get("backend", "engine")
     if backend == "server":  # a serving engine over HTTP (docs/serving.md)
-        return run_server(cfg)
+        check_server_config(cfg)
+        return run_server(validate(fold_deprecated(cfg)), cfg, started)
     if backend != "engine" or cfg.get("server") is not None:
         raise ConfigError(f"backend={backend} with server={(cfg.get('server') or {}).get('name')}: use backend=engine "
                           f"(our engine, no server=...) or backend=server with server=<conf/server/ name>")
-    started = time.time()
-    validate(fold_deprecated(cfg))
-    device = resolve_device(cfg.device)
+    settings = validate(fold_deprecated(cfg))
+    device = resolve_device(settings.device)
     warned = start_warnings(torch.get_num_threads(), available_cores(), machine_load(), device.type == "cuda")
     for warning in warned:
         print(f"WARNING: {warning}", file=sys.stderr)
     questions = load_questions(cfg.task)  # before the model: a bad task file is refused at once
     model, tokenizer = load_model(cfg.model, device)
-    backend = EngineBackend(cfg, model, tokenizer, device, len(questions), warned)
-    return InterleavedRun(cfg, backend, started).run(questions)
+    engine = EngineBackend(settings, cfg, model, tokenizer, device, len(questions), warned)
+    return InterleavedRun(settings, engine, started).run(questions)
 
 
-def run_server(cfg: DictConfig) -> pd.DataFrame | None:
-    """Run `cfg.task` against `cfg.server` (launching its servers where configured); returns the summary."""
-    started = time.time()
-    check_server_config(cfg)
+def run_server(settings: RunSettings, cfg: DictConfig, started: float) -> pd.DataFrame | None:
+    """Run the task against `cfg.server` (launching its servers where configured); returns the summary."""
     questions = load_questions(cfg.task)
     tokenizer = load_tokenizer(cfg.model)  # our template renders every prompt; no weights are loaded
-    set_prompt_format(tokenizer, cfg.model.get("prompt_format", "auto"), cfg.model.get("chat_template"))
-    return InterleavedRun(cfg, ServerBackend(cfg, tokenizer), started).run(questions)
+    set_prompt_format(tokenizer, settings.model.prompt_format, cfg.model.get("chat_template"))
+    return InterleavedRun(settings, ServerBackend(settings, cfg, tokenizer), started).run(questions)

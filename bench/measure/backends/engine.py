@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench import method_identity, method_label, sizing_of
+from bench import method_identity
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
@@ -17,10 +17,11 @@ from bench.measure.contention import verdict
 from bench.measure.decoding import PromptTooLong, decode_group
 from bench.measure.exactness import find_divergence
 from bench.measure.gpu import GpuMonitor
-from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs, run_keys
+from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
 from bench.measure.provenance import run_metadata, starvation_facts
 from bench.models import context_window, eos_token_ids, load_check_model
 from bench.planning.profile import profile_for_run
+from bench.settings import RunSettings
 from tasks.prompts import build_prompt
 
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup",
@@ -40,36 +41,33 @@ def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter) -> KeyInpu
     return KeyInputs(shared, method={"method": method, "artifact": None if drafter is None else drafter.artifact})
 
 
-def engine_run_keys(cfg: DictConfig, device: torch.device, drafter) -> tuple[str, str]:
-    """(the baseline's key, the method's key) of an engine run: protocol.run_keys of engine_key_inputs."""
-    return run_keys(engine_key_inputs(cfg, device, drafter))
-
-
 class EngineBackend(Backend):
-    """The method's question decoder and its baseline's over one loaded model, the run's profile and GPU monitor."""
+    """The method's question decoder and its baseline's over one loaded model, the run's profile and GPU monitor.
+    Reads the run's typed `settings`; `cfg`, the composed config they were made from, only where it is hashed
+    (run keys), dumped (meta.json) or loads something (the profile, the tie judge)."""
 
-    def __init__(self, cfg: DictConfig, model, tokenizer, device: torch.device, questions: int,
-                 start_warnings: list[str]):
-        self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
+    def __init__(self, settings: RunSettings, cfg: DictConfig, model, tokenizer, device: torch.device,
+                 questions: int, start_warnings: list[str]):
+        self.settings, self.cfg, self.model, self.tokenizer, self.device = settings, cfg, model, tokenizer, device
         self.start_warnings = start_warnings
-        sampling = SamplingConfig(cfg.gen.temperature, cfg.gen.top_k, cfg.gen.top_p)
-        self.stop = StopCondition(cfg.gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)),
-                                  tuple(cfg.gen.stop_strings), tokenizer)
-        self.batch = int(cfg.gen.get("batch_size", 1))
+        gen, method = settings.generation, settings.method
+        sampling = SamplingConfig(gen.temperature, gen.top_k, gen.top_p)
+        self.stop = StopCondition(gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)), gen.stop_strings,
+                                  tokenizer)
+        self.batch = gen.batch_size
         self.group_size, self.group_column = self.batch, "batch_size"
-        self.rows_per_batch = clamped_batch(self.batch, questions, cfg.task.name)
-        planned = sizing_of(cfg.method) == "auto"
-        self.label = method_label(cfg.method.name, sizing_of(cfg.method))
-        self.method_is_baseline = cfg.method.get("drafter") is None
+        self.rows_per_batch = clamped_batch(self.batch, questions, settings.task.name)
+        planned = method.sizing == "auto"
+        self.label, self.method_is_baseline = method.label, method.drafter is None
         self.context = context_window(model)
         # first: refuses a model it cannot serve before any drafter setup
         baseline_engine = SpeculativeEngine(model, None, sampling)
         self.run_profile = profile_for_run(cfg, model, device, make=planned)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
-        drafter = build_drafter(cfg.method, model, tokenizer, sampling)
+        drafter = build_drafter(method.drafter, model, tokenizer, sampling)
         self.gpu = GpuMonitor(device)
         energy = self.gpu.energy_joules if self.gpu.energy_source else None  # joules per turn, where NVML can tell
-        parts = DecoderParts(tokenizer, self.stop, device, self.context, cfg.repeats, energy)
+        parts = DecoderParts(tokenizer, self.stop, device, self.context, settings.repeats, energy)
         self.decoders = dict(zip((METHOD, BASELINE), decoders(
             model, drafter, sampling, self.run_profile if planned else None, self.batch, baseline_engine, parts)))
         self.key_inputs = engine_key_inputs(cfg, device, self.decoders[METHOD].engine.drafter)
@@ -78,25 +76,25 @@ class EngineBackend(Backend):
     def tie_judge(self):
         """The model that decides numeric ties: a copy of the target in model.tie_check_dtype, else the target."""
         if self._tie_judge is None:
-            copy = load_check_model(self.cfg.model, self.device, self.cfg.model.get("tie_check_dtype"))
+            copy = load_check_model(self.cfg.model, self.device, self.settings.model.tie_check_dtype)
             self._tie_judge = self.model if copy is None else copy
         return self._tie_judge
 
     def warm_up(self, side: str, todo: list[dict]) -> None:
-        """Untimed decoding of the first question that fits (cfg.warmup_tokens new tokens, never more rows than
-        the first real batch)."""
-        cfg, context = self.cfg, self.context
+        """Untimed decoding of the first question that fits (warmup_tokens new tokens, never more rows than the
+        first real batch)."""
+        tokens, seed, context = self.settings.warmup_tokens, self.settings.seed, self.context
         warm_prompts = (build_prompt(self.tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
-        warm_prompt = next((p for p in warm_prompts if context is None or len(p) + cfg.warmup_tokens <= context), None)
+        warm_prompt = next((p for p in warm_prompts if context is None or len(p) + tokens <= context), None)
         if warm_prompt is None:
             return
-        warm_stop = StopCondition(cfg.warmup_tokens, self.stop.eos_token_ids)
+        warm_stop = StopCondition(tokens, self.stop.eos_token_ids)
         engine = self.decoders[side].engine
         if self.batch == 1:
-            engine.generate(warm_prompt, warm_stop, seed=cfg.seed)
+            engine.generate(warm_prompt, warm_stop, seed=seed)
         else:
             warm_rows = min(self.rows_per_batch, len(todo))
-            engine.generate([warm_prompt] * warm_rows, warm_stop, [cfg.seed] * warm_rows)
+            engine.generate([warm_prompt] * warm_rows, warm_stop, [seed] * warm_rows)
 
     def answer(self, side: str, group: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
         results = decode_group(self.decoders[side], group, seeds)
@@ -104,18 +102,18 @@ class EngineBackend(Backend):
         return results
 
     def divergence(self, turns: list[dict], baseline: dict) -> dict | None:
-        return find_divergence(self.model, turns, baseline, self.cfg.model.tie_margin, self.tie_judge())
+        return find_divergence(self.model, turns, baseline, self.settings.model.tie_margin, self.tie_judge())
 
     def provenance(self, started: float) -> dict:
-        return run_metadata(self.cfg, self.device, started, self.gpu)
+        return run_metadata(self.cfg, self.settings.model.dtype, self.device, started, self.gpu)
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
         profile = None if self.run_profile is None else self.run_profile.__dict__
-        return {"profile": profile, **starvation_facts(summary, self.cfg.starvation_threshold)}
+        return {"profile": profile, **starvation_facts(summary, self.settings.starvation_threshold)}
 
     def heading(self) -> str:
-        model = self.cfg.model
-        return f"{self.label} on {self.cfg.task.name} ({model.name}, {model.dtype}, {self.device})"
+        model = self.settings.model
+        return f"{self.label} on {self.settings.task.name} ({model.name}, {model.dtype}, {self.device})"
 
     def closing_columns(self, summary: pd.DataFrame) -> list[str]:
         """SUMMARY_COLUMNS, and the joules per token where energy was measured."""
@@ -123,7 +121,7 @@ class EngineBackend(Backend):
         return SUMMARY_COLUMNS + energy
 
     def closing_notes(self, summary: pd.DataFrame) -> list[str]:
-        return [verdict(summary.cpu_share.iloc[-1], self.cfg.starvation_threshold)]
+        return [verdict(summary.cpu_share.iloc[-1], self.settings.starvation_threshold)]
 
 
 def clamped_batch(batch: int, questions: int, task: str) -> int:

@@ -25,6 +25,7 @@ from bench.measure.serving.endpoint import SERVER_KEYS, ServerEndpoint
 from bench.measure.serving.launch import LaunchedServer, launch_command
 from bench.measure.serving.stats import serving_columns
 from bench.measure.serving.stream import ENDPOINT_PATHS, RequestSpec
+from bench.settings import RunSettings
 from tasks import task_of
 from tasks.prompts import build_prompt
 
@@ -70,21 +71,22 @@ def server_key_inputs(cfg: DictConfig) -> KeyInputs:
 
 class ServerBackend(Backend):
     """The speculative endpoint (server.url) and its baseline's (server.baseline_url), `concurrency` requests in
-    flight, and the speculative server's acceptance counters over the run."""
+    flight, and the speculative server's acceptance counters over the run. Reads the run's typed `settings`, and
+    `server.*` of `cfg`, the composed config they were made from (which also is hashed and dumped to meta.json)."""
 
-    def __init__(self, cfg: DictConfig, tokenizer):
-        self.cfg, self.tokenizer, server = cfg, tokenizer, cfg.server
+    def __init__(self, settings: RunSettings, cfg: DictConfig, tokenizer):
+        self.settings, self.cfg, self.tokenizer, server = settings, cfg, tokenizer, cfg.server
         self.group_size, self.group_column = int(server.concurrency), "concurrency"
         self.label = server.name
         self.method_is_baseline = not server.speculative
         self.key_inputs = server_key_inputs(cfg)
-        spec = RequestSpec(server.endpoint, server.model, int(cfg.gen.max_new_tokens), float(cfg.gen.temperature),
-                           list(cfg.gen.stop_strings), OmegaConf.to_container(server.extra_body, resolve=True),
-                           float(server.timeout_s))
+        gen = settings.generation
+        spec = RequestSpec(server.endpoint, server.model, gen.max_new_tokens, gen.temperature, list(gen.stop_strings),
+                           OmegaConf.to_container(server.extra_body, resolve=True), float(server.timeout_s))
         one = self.group_size == 1
         self.endpoints = {METHOD: ServerEndpoint(server.url, "server.url", spec, tokenizer, server.engine,
                                                  bool(server.speculative), server.metrics_path, one)}
-        if not self.method_is_baseline and cfg.baseline:
+        if not self.method_is_baseline and settings.baseline:
             self.endpoints[BASELINE] = ServerEndpoint(server.baseline_url, "server.baseline_url", spec, tokenizer,
                                                       server.engine, False, None, one)
         self.counters_before = self.run_counters = None
@@ -92,7 +94,7 @@ class ServerBackend(Backend):
 
     def open(self, resources: ExitStack) -> None:
         """Launch the configured servers (stopped when `resources` closes) and check that each side answers."""
-        server, out_dir = self.cfg.server, Path(self.cfg.out_dir)
+        server, out_dir = self.cfg.server, Path(self.settings.out_dir)
         launches = {METHOD: (server.launch, "server.log"), BASELINE: (server.baseline_launch, "baseline_server.log")}
         for side, endpoint in self.endpoints.items():
             command, log = launches[side]
@@ -106,7 +108,8 @@ class ServerBackend(Backend):
     def warm_up(self, side: str, todo: list[dict]) -> None:
         """One untimed short request."""
         hello = [{"role": "user", "content": "Hello"}]
-        self.endpoints[side].ask(build_prompt(self.tokenizer, hello), hello, self.cfg.seed, int(self.cfg.warmup_tokens))
+        self.endpoints[side].ask(build_prompt(self.tokenizer, hello), hello, self.settings.seed,
+                                 self.settings.warmup_tokens)
 
     def timing_starts(self) -> None:
         """Read the speculative server's counters before the run."""
@@ -163,7 +166,7 @@ class ServerBackend(Backend):
         and pair it as a method) and the server's facts: backend, urls, launch commands, engine."""
         cfg, server = self.cfg, self.cfg.server
         cpu = torch.device("cpu")
-        meta = run_metadata(cfg, cpu, started, GpuMonitor(cpu))
+        meta = run_metadata(cfg, self.settings.model.dtype, cpu, started, GpuMonitor(cpu))
         meta["config"]["method"] = {"name": self.label, "drafter": None if self.method_is_baseline else
                                     {"server": server.engine, "url": server.url, "launch": server.launch}}
         meta.update({"device": f"server:{server.engine}", "device_name": f"{server.engine} at {server.url}",
@@ -177,7 +180,8 @@ class ServerBackend(Backend):
 
     def heading(self) -> str:
         server = self.cfg.server
-        return f"{self.label} ({server.engine} at {server.url}) on {self.cfg.task.name}, concurrency {self.group_size}"
+        return (f"{self.label} ({server.engine} at {server.url}) on {self.settings.task.name}, concurrency "
+                f"{self.group_size}")
 
     def closing_columns(self, summary: pd.DataFrame) -> list[str]:
         return CLOSING_COLUMNS
