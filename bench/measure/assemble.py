@@ -3,6 +3,7 @@ batched, sized by the planner when the run asks for it) and the question decoder
 baseline (vanilla decoding)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import hydra.utils
@@ -24,7 +25,9 @@ def build_drafter(drafter: DrafterSettings | None, model, tokenizer, sampling: S
     if drafter is None:
         return None
     cls = hydra.utils.get_class(drafter.target)
-    knobs = {**drafter.knobs, "sampling": sampling} if cls.samples else drafter.knobs
+    knobs = copy.deepcopy(drafter.knobs)  # a drafter may keep (and change) what it is given; the settings stay
+    if cls.samples:
+        knobs["sampling"] = sampling
     return cls(target=model, tokenizer=tokenizer, **knobs)
 
 
