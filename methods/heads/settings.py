@@ -28,6 +28,7 @@ SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # the corpus when f
 STORED_DTYPES = ("bfloat16", "float16", "float32")
 SOURCES = ("sharegpt", "self_distill")
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
+RECIPE_COUNTS = {"num_heads": 1, "ttt_steps": 1, "num_layers": 0, "soft_top_k": 0}  # train.<key>: its least value
 
 
 def model_pins(cfg: DictConfig) -> dict:
@@ -215,7 +216,15 @@ class TrainSettings(StintSettings):
             else [f"train.betas={list(self.betas)}: must be two numbers in [0, 1)"]
         vocab = {} if self.draft_vocab_size is None else {"train.draft_vocab_size": self.draft_vocab_size}
         return [*super().problems(), *betas, *numbers({"train.grad_clip": self.grad_clip}, above=True),
-                *whole_numbers(1, {"train.eval_every": self.eval_every, **vocab})]
+                *whole_numbers(1, {"train.eval_every": self.eval_every, **vocab}), *self.recipe_problems()]
+
+    def recipe_problems(self) -> list[str]:
+        """The rules of the recipe's own knobs: its shape (RECIPE_COUNTS, where the recipe has them) and the
+        arguments of `train.recipe` (loss weights and decays: numbers >= 0)."""
+        counts = [problem for key, least in RECIPE_COUNTS.items() if key in self.config
+                  for problem in whole_numbers(least, {f"train.{key}": self.config[key]})]
+        recipe = self.config.get("recipe") or {}
+        return [*counts, *numbers({f"train.recipe.{key}": value for key, value in recipe.items() if key != "_target_"})]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@
 3. the training loop (here): the method's head module and loss (its `recipe`, e.g. methods.medusa.train.MedusaRecipe)
    trained with the target frozen -> a checkpoint folder with a card.json.
 
-Each stage reads its typed settings (methods/heads/settings.py), made once from the config by `train_heads`, and
-none calls back into an earlier one. Training runs in stints of `train.minutes`:
+Each stage reads its typed settings (methods/heads/settings.py), made and checked once by the training command
+(bench/train.py, `TrainingRun.from_config`) and handed to `train_heads`, and none calls back into an earlier one.
+Training runs in stints of `train.minutes`:
 
 - `train.resume=false` (default): a new head from scratch, written over `train.out_dir`.
 - `train.resume=true`: the committed head in `train.out_dir` trained on for another stint. With the optimizer state
