@@ -39,6 +39,12 @@ def train_config(*overrides: str):
     (["method=medusa", "train.backend=trt"], "train.backend=trt: must be native or modelopt"),
     (["method=medusa", "train.backend=modelopt", "features.layers=[2]"],
      "features.layers=[2]: ModelOpt's Medusa heads read the last hidden state; set features.layers=[-1]"),
+    (["method=medusa", "features.num_sequences=32", "features.shard_sequences=32"],
+     "features.num_sequences=32: leaves nothing to train on after the 32 held out (features.heldout_shards=1); "
+     "raise it"),
+    (["method=sps", "features.source=self_distill", "features.self_distill.num_prompts=30"],
+     "features.self_distill.num_prompts=30: leaves nothing to train on after the 32 held out "
+     "(features.heldout_shards=1); raise it"),
     (["method=sps", "train.eval_draft_tokens=0"], "train.eval_draft_tokens=0: must be a whole number >= 1"),
     (["method=sps", "train.minutes=-2"], "train.minutes=-2: must be a number >= 0"),
     (["method=sps", "train.layers=[]"], "train.layers=[]: must be a list of target layer indices"),
@@ -66,6 +72,14 @@ def test_the_shipped_recipes_have_no_problems_and_the_run_is_the_float32_targets
         run = TrainingRun.from_config(cfg, stint)
         assert type(run.train) is stint and run.features.problems() == [] and run.train.problems() == []
         assert run.model.dtype == run.features.model["dtype"] == run.features.answers.model["dtype"] == "float32"
+
+
+def test_an_evaluation_or_a_sharegpt_sps_stint_needs_no_training_shards():
+    for overrides in (["method=medusa", "train.minutes=0"], ["method=sps"], ["method=sps", "train.minutes=0",
+                                                                          "features.source=self_distill"]):
+        cfg = train_config(*overrides, "features.num_sequences=32", "features.self_distill.num_prompts=32")
+        run = TrainingRun.from_config(cfg, SpsTrainSettings if "method=sps" in overrides else TrainSettings)
+        assert run.features.shards == run.features.heldout_shards == 1 and run.problems() == []
 
 
 def test_the_first_problem_is_the_one_refused():

@@ -243,7 +243,20 @@ class TrainingRun:
         line naming its key."""
         cfg.model.dtype = "float32"  # before the pins are read: the features are the float32 target's
         run = cls(cfg.model, FeatureSettings.from_config(cfg), stint.from_config(cfg))
-        problems = [*run.features.problems(), *run.train.problems()]
+        problems = run.problems()
         if problems:
             raise ConfigError(problems[0])
         return run
+
+    def problems(self) -> list[str]:
+        """The features' and the stint's value rules, then that a stint has sequences left to train on beside the
+        held-out shards (the heads' feature cache always; SpS's under self_distill, its answers)."""
+        features = self.features
+        problems = [*features.problems(), *self.train.problems()]
+        sharded = features.answers is not None or isinstance(self.train, TrainSettings)
+        if problems or self.train.minutes == 0 or not sharded or features.shards > features.heldout_shards:
+            return problems
+        key = "features.self_distill.num_prompts" if features.answers else "features.num_sequences"
+        return [f"{key}={features.num_sequences}: leaves nothing to train on after the "
+                f"{features.heldout_shards * features.shard_sequences} held out (features.heldout_shards="
+                f"{features.heldout_shards}); raise it"]

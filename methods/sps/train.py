@@ -131,9 +131,6 @@ def split_answers(target, tokenizer, features: FeatureSettings) -> tuple[list, l
     the first features.heldout_shards shards are held out, as the heads' feature caches hold them out."""
     blocks = list(answer_sequences(target, tokenizer, features.answers, features.seq_len))
     heldout = features.heldout_shards * features.shard_sequences
-    if len(blocks) <= heldout:
-        raise ConfigError(f"features.self_distill.num_prompts={features.answers.num_prompts} leaves no "
-                          f"answers to train on after the {heldout} held out; raise it")
     return blocks[:heldout], blocks[heldout:]
 
 
