@@ -46,12 +46,13 @@ def whole_numbers(minimum: int, values: dict) -> Iterator[str]:
 def numbers(values: dict, minimum: float = 0, above: bool = False) -> Iterator[str]:
     """A problem for each value (by its key) that is not a number >= minimum (> minimum with `above`)."""
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum or (above and
-                                                                                             value == minimum):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value < minimum or (above and value == minimum):
             yield f"{key}={value}: must be a number {'>' if above else '>='} {minimum}"
 
 
 def one_of(key: str, value, allowed: tuple) -> Iterator[str]:
+    """A problem when the value (by its key) is none of `allowed`."""
     if value not in allowed:
         yield f"{key}={value}: must be {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}"
 
