@@ -12,7 +12,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from bench.config import fold_deprecated, run_hydra_command
-from bench.errors import exit_on_user_error
+from bench.errors import ConfigError, exit_on_user_error
+
+BACKENDS = ("native", "modelopt")  # train.backend: this project's heads, or NVIDIA ModelOpt's Medusa
 
 
 def main() -> None:
@@ -20,27 +22,35 @@ def main() -> None:
 
 
 def train(cfg: DictConfig) -> None:
-    """Train the method of the composed `cfg` with its recipe's trainer (old spellings folded first); a setting or an
-    artifact to fix is one `error:` line, exit status 2."""
+    """Train the method of the composed `cfg` with its recipe's trainer (old spellings folded first, then every
+    training value checked before the target loads); a setting or an artifact to fix is one `error:` line, exit
+    status 2."""
     with exit_on_user_error():
         _dispatch(fold_deprecated(cfg))
 
 
 def _dispatch(cfg: DictConfig) -> None:
+    """The trainer of `cfg.train` handed its typed run (methods/heads/settings.py TrainingRun)."""
     import hydra.utils
 
-    if cfg.train.get("backend", "native") == "modelopt":  # NVIDIA ModelOpt's Medusa (optional extra)
-        from methods.medusa.modelopt import train_modelopt_medusa
+    from methods.heads.settings import TrainingRun
 
-        train_modelopt_medusa(cfg)
+    backend = cfg.train.get("backend", "native")
+    if backend not in BACKENDS:
+        raise ConfigError(f"train.backend={backend}: must be {' or '.join(BACKENDS)}")
+    if backend == "modelopt":  # NVIDIA ModelOpt's Medusa (optional extra)
+        from methods.medusa.modelopt import modelopt_run, train_modelopt_medusa
+
+        train_modelopt_medusa(modelopt_run(cfg))
     elif cfg.train.get("recipe") is not None:
         from methods.heads.training import train_heads
 
-        train_heads(cfg, hydra.utils.instantiate(cfg.train.recipe))
+        train_heads(TrainingRun.from_config(cfg), hydra.utils.instantiate(cfg.train.recipe))
     else:
+        from methods.sps.settings import SpsTrainSettings
         from methods.sps.train import train as train_draft
 
-        train_draft(cfg)
+        train_draft(TrainingRun.from_config(cfg, SpsTrainSettings))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ that drafts losslessly."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,11 +18,11 @@ from methods.eagle3.drafter import Eagle3Drafter
 from methods.eagle3.head import Eagle3Vocabulary, eagle3_feature_layers
 from methods.eagle3.train import Eagle3Recipe
 from methods.heads.features import Features, load_features, soft_targets
-from methods.heads.settings import FeatureSettings
+from methods.heads.settings import TrainingRun
 from methods.heads.training import train_heads, train_step
 from tests.conftest import VOCAB, make_tiny_model
 from tests.method_checks import assert_lossless
-from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: the fixture)
+from tests.test_head_training import corpus, train_config, train_run  # noqa: F401 (corpus: the fixture)
 
 SEQ, DRAFT_VOCAB = 12, 48
 
@@ -138,9 +139,9 @@ def test_training_steps_lower_the_loss_on_a_fixed_batch(target):
 def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_losslessly(tiny_checkpoint, corpus,
                                                                                         tmp_path, one_thread, capsys):
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", "train.draft_vocab_size=64")
-    out_dir = train_heads(cfg, Eagle3Recipe(soft_top_k=8))
-    assert list(cfg.features.layers) == [1, 1, 1]  # eagle3_feature_layers of a 2-layer target
-    folder = tmp_path / "features-layers_1_1_1"
+    run = TrainingRun.from_config(cfg)
+    out_dir = train_heads(run, Eagle3Recipe(soft_top_k=8))
+    folder = tmp_path / "features-layers_1_1_1"  # eagle3_feature_layers of a 2-layer target, not features.layers
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["settings"]["layers"] == [1, 1, 1] and not (tmp_path / "features").exists()
     assert sorted(p.name for p in folder.glob("soft8-*.pt")) == [f"soft8-0000{i}.pt" for i in range(4)]
@@ -160,7 +161,7 @@ def test_train_eagle3_writes_safeailabs_layout_that_loads_strictly_and_drafts_lo
     cfg.model.dtype = "float64"  # rules out rounding flips in the lossless check
     model, _ = load_model(cfg.model, torch.device("cpu"))
     head, _ = load_eagle3(out_dir, model)  # strict: raises on any missing or unexpected key
-    train_set, _ = load_features(FeatureSettings.from_config(cfg))
+    train_set, _ = load_features(replace(run.features, layers=eagle3_feature_layers(2)))
     labels = train_set.labels[train_set.mask]
     draft_ids = head.d2t + torch.arange(64)
     assert head.t2d.sum() == 64 and head.t2d[draft_ids].all()
@@ -174,15 +175,15 @@ def test_eagle3_stints_print_and_continue_the_committed_head(tiny_checkpoint, co
     """train.minutes=0 evaluates the committed head; train.resume=true continues it with its AdamW state (the
     vocabulary maps included in the weights it matches)."""
     settings = ("train.draft_vocab_size=64", "train.ttt_steps=2")
-    out_dir = train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings), Eagle3Recipe(2))
+    out_dir = train_heads(train_run(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings), Eagle3Recipe(2))
     card = json.loads((out_dir / "card.json").read_text())
     capsys.readouterr()
-    train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.minutes=0"),
+    train_heads(train_run(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.minutes=0"),
                 Eagle3Recipe(2))
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["heldout_agreement"] == card["heldout_agreement"]  # same head, same held-out set, float32
     assert printed["feature_cache"].endswith("features-layers_1_1_1")
-    train_heads(train_config(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.resume=true",
+    train_heads(train_run(tiny_checkpoint, corpus, tmp_path, "eagle3", *settings, "train.resume=true",
                              "train.max_steps=2"), Eagle3Recipe(2))
     card = json.loads((out_dir / "card.json").read_text())
     assert [s["steps"] for s in card["stints"]] == [4, 2] and card["draft_vocab_size"] == 64

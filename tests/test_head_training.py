@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from bench.artifacts import PROJECT_ROOT
 from bench.models import load_model
 from methods.heads.features import build_feature_cache, load_features, render_with_assistant_mask, sharegpt_sequences
-from methods.heads.settings import FeatureSettings
+from methods.heads.settings import FeatureSettings, TrainingRun
 
 REPLY = ("Speculative decoding drafts several tokens cheaply and verifies them in one forward of the target model, "
          "so that the output is exactly what the target alone would write, only sooner. ")
@@ -37,6 +37,11 @@ def train_config(checkpoint, corpus, tmp_path, method: str, *overrides: str):
             "features.shard_sequences=2", f"features.dir={tmp_path / 'features'}", "train.max_steps=4",
             "train.eval_every=2", "train.batch_size=2", f"train.checkpoint={tmp_path / 'resume.pt'}",
             f"method.drafter.checkpoint={tmp_path / 'heads'}", *overrides])
+
+
+def train_run(checkpoint, corpus, tmp_path, method: str, *overrides: str) -> TrainingRun:
+    """The checked training run of train_config's settings (what bench.train hands the trainer)."""
+    return TrainingRun.from_config(train_config(checkpoint, corpus, tmp_path, method, *overrides))
 
 
 def build_cache(target, tokenizer, cfg, soft_top_k: int = 0):
@@ -134,7 +139,7 @@ def test_train_medusa_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, cor
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "medusa", "train.draft_vocab_size=64")
-    out_dir = train_heads(cfg, MedusaRecipe())
+    out_dir = train_heads(TrainingRun.from_config(cfg), MedusaRecipe())
     card = json.loads((out_dir / "card.json").read_text())
     assert card["steps"] == 4 and card["tokens_seen"] == 4 * 2 * 32 and card["draft_vocab_size"] == 64
     assert [h["head"] for h in card["heldout_agreement"]] == [0, 1, 2, 3]
@@ -156,7 +161,7 @@ def test_train_eagle_writes_a_loadable_checkpoint_and_card(tiny_checkpoint, corp
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "eagle", "train.draft_vocab_size=null")
-    out_dir = train_heads(cfg, EagleRecipe())
+    out_dir = train_heads(TrainingRun.from_config(cfg), EagleRecipe())
     card = json.loads((out_dir / "card.json").read_text())
     assert card["method"] == "eagle" and card["steps"] == 4 and card["draft_vocab_size"] == 400  # full vocabulary
     assert [h["head"] for h in card["heldout_agreement"]] == [0, 1, 2, 3]  # depths of the unrolled draft
@@ -174,7 +179,7 @@ def test_train_hydra_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_p
     from tests.method_checks import assert_lossless
 
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "hydra", "train.num_heads=3")
-    out_dir = train_heads(cfg, HydraRecipe())
+    out_dir = train_heads(TrainingRun.from_config(cfg), HydraRecipe())
     card = json.loads((out_dir / "card.json").read_text())
     assert card["method"] == "hydra" and [h["head"] for h in card["heldout_agreement"]] == [0, 1, 2]
     cfg.model.dtype = "float64"

@@ -87,7 +87,7 @@ def test_the_sps_drafts_answer_loss_and_agreement_are_those_of_its_full_logits(t
 
     cfg = sps_distill_config(tiny_checkpoint, corpus, tmp_path)
     target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    heldout, train_blocks = split_answers(target, tokenizer, cfg)
+    heldout, train_blocks = split_answers(target, tokenizer, FeatureSettings.from_config(cfg))
     assert len(heldout) == 2 and len(train_blocks) == 2
     # the whole target as a "draft" agrees with its own greedy answers everywhere; one layer of it does not
     assert answer_agreement(slice_target(target, list(range(target.config.num_hidden_layers))), heldout) == 1.0
@@ -123,8 +123,9 @@ def test_answer_batches_cover_every_block_once_an_epoch_and_resume_the_same_stre
 def test_an_sps_stint_on_self_distilled_answers_records_its_data_and_agreement(tiny_checkpoint, corpus, tmp_path,
                                                                                one_thread):
     from methods.sps.train import train
+    from tests.test_train_stints import sps_run
 
-    out_dir = train(sps_distill_config(tiny_checkpoint, corpus, tmp_path, "train.max_steps=3"))
+    out_dir = train(sps_run(sps_distill_config(tiny_checkpoint, corpus, tmp_path, "train.max_steps=3")))
     card = json.loads((out_dir / "card.json").read_text())
     (stint,) = card["stints"]
     assert stint["data"]["source"] == "self_distill" and stint["data"]["train_answers"] == 2

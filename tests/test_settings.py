@@ -132,7 +132,7 @@ def test_train_max_minutes_folds_into_minutes_with_one_warning(monkeypatch, caps
         cfg = compose("train", overrides=["method=medusa", "train.minutes=5", "train.max_minutes=12"])
     bench.train.train(cfg)
     assert capsys.readouterr().err.splitlines() == ["warning: train.max_minutes=12 is deprecated: use train.minutes=12"]
-    assert (handed[0].train.minutes, handed[0].train.max_minutes) == (12, None)
+    assert (handed[0].train.minutes, handed[0].train.config.max_minutes) == (12, None)
 
 
 def _command(module: str, *args: str) -> subprocess.CompletedProcess:

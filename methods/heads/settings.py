@@ -1,16 +1,20 @@
-"""The typed settings of the three training stages, read once from the Hydra config where training starts
-(methods/heads/training.py `train_heads`; the SpS trainer reads AnswerSettings the same way):
+"""The typed settings of a training run, made once from the Hydra config by the training command (bench/train.py
+`TrainingRun.from_config`), every value checked there, and handed down to the stages:
 
 - `AnswerSettings` (`features.self_distill.*`): the target's own answers (methods/heads/self_distill.py).
 - `FeatureSettings` (`features.*`): the feature cache (methods/heads/features.py); under `features.source=
   self_distill` it holds the AnswerSettings its sequences come from.
-- `TrainSettings` (`train.*`, `seed`, `device`): one stint of the training loop (methods/heads/training.py).
+- `StintSettings` (`train.*`, `seed`, `device`): one stint of a training loop; `TrainSettings` adds the heads'
+  (methods/heads/training.py), methods/sps/settings.py `SpsTrainSettings` the SpS draft's.
+- `TrainingRun`: the target's config (what bench.models.load_model takes) and the settings above.
 
-Each stage's `pins()` are what its folder's meta.json pins: a cache made under other pins is refused.
+Each setting's `problems()` are its value rules ("key=value: must be ..."); the first is refused in one line. Each
+stage's `pins()` are what its folder's meta.json pins: a cache made under other pins is refused.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +27,34 @@ MODEL_PINS = ("name", "path", "package", "gguf_file", "dtype")  # what of the ta
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # the corpus when features.corpus is null (pinned so)
 STORED_DTYPES = ("bfloat16", "float16", "float32")
 SOURCES = ("sharegpt", "self_distill")
+AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
+RECIPE_COUNTS = {"num_heads": 1, "ttt_steps": 1, "num_layers": 0, "soft_top_k": 0}  # train.<key>: its least value
 
 
 def model_pins(cfg: DictConfig) -> dict:
     """The target's settings that decide what it computes (meta.json's `model`)."""
     return {key: cfg.model.get(key) for key in MODEL_PINS}
+
+
+def whole_numbers(minimum: int, values: dict) -> Iterator[str]:
+    """A problem for each value (by its key) that is not a whole number >= minimum."""
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            yield f"{key}={value}: must be a whole number >= {minimum}"
+
+
+def numbers(values: dict, minimum: float = 0, above: bool = False) -> Iterator[str]:
+    """A problem for each value (by its key) that is not a number >= minimum (> minimum with `above`)."""
+    for key, value in values.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value < minimum or (above and value == minimum):
+            yield f"{key}={value}: must be a number {'>' if above else '>='} {minimum}"
+
+
+def one_of(key: str, value, allowed: tuple) -> Iterator[str]:
+    """A problem when the value (by its key) is none of `allowed`."""
+    if value not in allowed:
+        yield f"{key}={value}: must be {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +77,11 @@ class AnswerSettings:
                    num_prompts=scfg.num_prompts, max_prompt_tokens=scfg.max_prompt_tokens,
                    max_new_tokens=scfg.max_new_tokens, shard_prompts=cfg.features.shard_sequences,
                    batch_size=scfg.batch_size)
+
+    def problems(self) -> list[str]:
+        """The value rules of `features.self_distill.*` (shard_sequences is FeatureSettings')."""
+        return list(whole_numbers(1, {f"features.self_distill.{key}": getattr(self, key) for key in (
+            "num_prompts", "max_prompt_tokens", "max_new_tokens", "batch_size")}))
 
     @property
     def shards(self) -> int:
@@ -77,30 +109,31 @@ class FeatureSettings:
     heldout_shards: int
     batch_size: int  # sequences per target forward
     dtype: str  # one of STORED_DTYPES
+    source: str  # one of SOURCES
     answers: AnswerSettings | None  # features.source=self_distill: the answers the sequences are made of
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> FeatureSettings:
-        """The settings of `cfg.features` (its `layers` as they stand: EAGLE-3's recipe sets them first); one line
-        for a dtype or source that is not one."""
+        """The settings of `cfg.features` (its `layers` as they stand: EAGLE-3's recipe replaces them once the
+        target is loaded)."""
         fcfg = cfg.features
-        dtype, source = fcfg.get("dtype") or "bfloat16", fcfg.get("source") or "sharegpt"
-        if dtype not in STORED_DTYPES:
-            raise ConfigError(f"features.dtype={dtype} is not one of {', '.join(STORED_DTYPES)}; "
-                              f"set features.dtype=bfloat16")
-        if source not in SOURCES:
-            raise ConfigError(f"features.source={source} is not sharegpt or self_distill; set features.source=sharegpt")
+        source = fcfg.get("source") or "sharegpt"
         answers = AnswerSettings.from_config(cfg) if source == "self_distill" else None
         return cls(dir=Path(os.path.expanduser(fcfg.dir)), model=model_pins(cfg), corpus=fcfg.get("corpus"),
                    layers=tuple(fcfg.layers), seq_len=fcfg.seq_len,
                    max_blocks_per_conversation=fcfg.max_blocks_per_conversation,
                    num_sequences=answers.num_prompts if answers else fcfg.num_sequences,
                    shard_sequences=fcfg.shard_sequences, heldout_shards=fcfg.heldout_shards,
-                   batch_size=fcfg.batch_size, dtype=dtype, answers=answers)
+                   batch_size=fcfg.batch_size, dtype=fcfg.get("dtype") or "bfloat16", source=source, answers=answers)
 
-    @property
-    def source(self) -> str:
-        return "sharegpt" if self.answers is None else "self_distill"
+    def problems(self) -> list[str]:
+        """The value rules of `features.*` (its answers' first under source=self_distill: they decide
+        num_sequences)."""
+        return [*(self.answers.problems() if self.answers else []),
+                *one_of("features.dtype", self.dtype, STORED_DTYPES), *one_of("features.source", self.source, SOURCES),
+                *whole_numbers(1, {f"features.{key}": getattr(self, key) for key in (
+                    "seq_len", "max_blocks_per_conversation", "num_sequences", "shard_sequences", "batch_size")}),
+                *whole_numbers(0, {"features.heldout_shards": self.heldout_shards})]
 
     @property
     def folder(self) -> Path:
@@ -123,35 +156,108 @@ class FeatureSettings:
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """`train.*` (with the run's `seed` and `device`): one stint of a method's heads."""
+class StintSettings:
+    """`train.*` (with the run's `seed` and `device`) that every training loop reads: one stint's budget, schedule
+    and files."""
 
-    config: DictConfig  # the `train` node as given: what the recipe builds from and card.json records
-    out_dir: Path  # where the head is written (and, with `resume`, read)
+    config: DictConfig  # the `train` node as given: what a recipe builds from and card.json records
+    out_dir: Path  # where the trained weights are written (and, with `resume`, read)
     checkpoint: Path  # the stint's crash-resume file
-    minutes: float  # this stint's training time; 0: evaluate the committed head
+    minutes: float  # this stint's training time; 0: evaluate the committed weights
     max_steps: int
     resume: bool
     dtype: str | None  # autocast: auto, bfloat16 or float32 (None: float32)
-    draft_vocab_size: int | None
     lr: float
-    betas: tuple[float, float]
     weight_decay: float
     warmup_steps: int
-    grad_clip: float
     batch_size: int
-    eval_every: int
     checkpoint_minutes: float
     seed: int
     device: str
 
     @classmethod
+    def fields_of(cls, cfg: DictConfig, out_dir: Path) -> dict:
+        """The fields every stint has, from `cfg.train` (the trained weights in `out_dir`)."""
+        tcfg = cfg.train
+        return {"config": tcfg, "out_dir": out_dir, "checkpoint": Path(os.path.expanduser(tcfg.checkpoint)),
+                "minutes": tcfg.minutes, "max_steps": tcfg.max_steps, "resume": tcfg.resume, "dtype": tcfg.get("dtype"),
+                "lr": tcfg.lr, "weight_decay": tcfg.weight_decay, "warmup_steps": tcfg.warmup_steps,
+                "batch_size": tcfg.batch_size, "checkpoint_minutes": tcfg.checkpoint_minutes, "seed": cfg.seed,
+                "device": cfg.device}
+
+    def problems(self) -> list[str]:
+        """The value rules every stint's `train.*` follows."""
+        resume = [] if isinstance(self.resume, bool) else [f"train.resume={self.resume}: must be true or false"]
+        return [*one_of("train.dtype", self.dtype or "float32", AUTOCAST_DTYPES), *resume,
+                *numbers({"train.minutes": self.minutes, "train.weight_decay": self.weight_decay}),
+                *numbers({"train.lr": self.lr, "train.checkpoint_minutes": self.checkpoint_minutes}, above=True),
+                *whole_numbers(0, {"train.max_steps": self.max_steps, "train.warmup_steps": self.warmup_steps}),
+                *whole_numbers(1, {"train.batch_size": self.batch_size})]
+
+
+@dataclass(frozen=True)
+class TrainSettings(StintSettings):
+    """`train.*` of the trained heads (methods/heads/training.py): the stint's, the optimizer's and the draft
+    vocabulary's."""
+
+    draft_vocab_size: int | None
+    betas: tuple[float, float]
+    grad_clip: float
+    eval_every: int
+
+    @classmethod
     def from_config(cls, cfg: DictConfig) -> TrainSettings:
         tcfg = cfg.train
-        return cls(config=tcfg, out_dir=resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir),
-                   checkpoint=Path(os.path.expanduser(tcfg.checkpoint)), minutes=float(tcfg.minutes),
-                   max_steps=tcfg.max_steps, resume=bool(tcfg.resume), dtype=tcfg.get("dtype"),
-                   draft_vocab_size=tcfg.get("draft_vocab_size"), lr=tcfg.lr, betas=tuple(tcfg.betas),
-                   weight_decay=tcfg.weight_decay, warmup_steps=tcfg.warmup_steps, grad_clip=tcfg.grad_clip,
-                   batch_size=tcfg.batch_size, eval_every=tcfg.eval_every, checkpoint_minutes=tcfg.checkpoint_minutes,
-                   seed=cfg.seed, device=cfg.device)
+        return cls(**cls.fields_of(cfg, resolve_artifact_path(tcfg.out_dir) or Path(tcfg.out_dir)),
+                   draft_vocab_size=tcfg.get("draft_vocab_size"), betas=tuple(tcfg.betas), grad_clip=tcfg.grad_clip,
+                   eval_every=tcfg.eval_every)
+
+    def problems(self) -> list[str]:
+        betas = [] if len(self.betas) == 2 and all(isinstance(b, int | float) and 0 <= b < 1 for b in self.betas) \
+            else [f"train.betas={list(self.betas)}: must be two numbers in [0, 1)"]
+        vocab = {} if self.draft_vocab_size is None else {"train.draft_vocab_size": self.draft_vocab_size}
+        return [*super().problems(), *betas, *numbers({"train.grad_clip": self.grad_clip}, above=True),
+                *whole_numbers(1, {"train.eval_every": self.eval_every, **vocab}), *self.recipe_problems()]
+
+    def recipe_problems(self) -> list[str]:
+        """The rules of the recipe's own knobs: its shape (RECIPE_COUNTS, where the recipe has them) and the
+        arguments of `train.recipe` (loss weights and decays: numbers >= 0)."""
+        counts = [problem for key, least in RECIPE_COUNTS.items() if key in self.config
+                  for problem in whole_numbers(least, {f"train.{key}": self.config[key]})]
+        recipe = self.config.get("recipe") or {}
+        return [*counts, *numbers({f"train.recipe.{key}": value for key, value in recipe.items() if key != "_target_"})]
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What the training command hands its trainer: the target's config (bench.models.load_model's, in float32:
+    features and master weights; the drafters cast to the run's dtype), the feature / answer settings and the
+    stint's."""
+
+    model: DictConfig
+    features: FeatureSettings
+    train: StintSettings
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, stint: type[StintSettings] = TrainSettings) -> TrainingRun:
+        """The run of the composed training config, every value checked: the first bad one is a ConfigError of one
+        line naming its key."""
+        cfg.model.dtype = "float32"  # before the pins are read: the features are the float32 target's
+        run = cls(cfg.model, FeatureSettings.from_config(cfg), stint.from_config(cfg))
+        problems = run.problems()
+        if problems:
+            raise ConfigError(problems[0])
+        return run
+
+    def problems(self) -> list[str]:
+        """The features' and the stint's value rules, then that a stint has sequences left to train on beside the
+        held-out shards (the heads' feature cache always; SpS's under self_distill, its answers)."""
+        features = self.features
+        problems = [*features.problems(), *self.train.problems()]
+        sharded = features.answers is not None or isinstance(self.train, TrainSettings)
+        if problems or self.train.minutes == 0 or not sharded or features.shards > features.heldout_shards:
+            return problems
+        key = "features.self_distill.num_prompts" if features.answers else "features.num_sequences"
+        return [f"{key}={features.num_sequences}: leaves nothing to train on after the "
+                f"{features.heldout_shards * features.shard_sequences} held out (features.heldout_shards="
+                f"{features.heldout_shards}); raise it"]

@@ -9,8 +9,9 @@
 3. the training loop (here): the method's head module and loss (its `recipe`, e.g. methods.medusa.train.MedusaRecipe)
    trained with the target frozen -> a checkpoint folder with a card.json.
 
-Each stage reads its typed settings (methods/heads/settings.py), made once from the config by `train_heads`, and
-none calls back into an earlier one. Training runs in stints of `train.minutes`:
+Each stage reads its typed settings (methods/heads/settings.py), made and checked once by the training command
+(bench/train.py, `TrainingRun.from_config`) and handed to `train_heads`, and none calls back into an earlier one.
+Training runs in stints of `train.minutes`:
 
 - `train.resume=false` (default): a new head from scratch, written over `train.out_dir`.
 - `train.resume=true`: the committed head in `train.out_dir` trained on for another stint. With the optimizer state
@@ -36,6 +37,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -59,7 +61,7 @@ from methods.heads.common import (
 )
 from methods.heads.features import Features, build_feature_cache, data_record, load_features, sharegpt_sequences
 from methods.heads.self_distill import answer_sequences
-from methods.heads.settings import FeatureSettings, TrainSettings
+from methods.heads.settings import FeatureSettings, StintSettings, TrainingRun, TrainSettings
 
 HeadOutputs = list[tuple[torch.Tensor, torch.Tensor]]  # per head: (logits [N, V'], target slice positions [N])
 TRAIN_STATE = Path("train_state") / "optimizer.pt"  # beside the artifact; a folder, so not in its fingerprint
@@ -86,9 +88,7 @@ class Recipe(Protocol):
 def training_dtype(setting: str | None, device: torch.device, cpuinfo: str | None = None) -> torch.dtype:
     """The autocast dtype of `train.dtype`: auto = bfloat16 where the hardware has it (else float32, said once on
     stderr), or bfloat16 / float32 as given."""
-    setting = setting or "float32"
-    if setting not in ("auto", "bfloat16", "float32"):
-        raise ConfigError(f"train.dtype={setting} is not one of auto, bfloat16, float32; set train.dtype=auto")
+    setting = setting or "float32"  # one of AUTOCAST_DTYPES (TrainingRun.from_config checked it)
     if setting != "auto":
         return getattr(torch, setting)
     if device.type == "cuda":
@@ -110,9 +110,9 @@ def autocast(dtype: torch.dtype, device: torch.device):
                           enabled=dtype != torch.float32)
 
 
-def learning_rate(schedule: TrainSettings | DictConfig, step: int, progress: float) -> float:
+def learning_rate(schedule: StintSettings, step: int, progress: float) -> float:
     """Linear warm-up over `schedule.warmup_steps`, then cosine from `schedule.lr` down to a tenth of it as progress
-    (the larger of the step and time fractions) -> 1. (The SpS trainer passes its `train` node.)"""
+    (the larger of the step and time fractions) -> 1."""
     if step < schedule.warmup_steps:
         return schedule.lr * (step + 1) / schedule.warmup_steps
     return schedule.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
@@ -164,16 +164,15 @@ def heldout_agreement(recipe: Recipe, module: nn.Module, vocab: DraftVocabulary,
              "top5": round(t5 / max(n, 1), 4), "positions": int(n)} for k, (t1, t5, n) in enumerate(hits)]
 
 
-def train_heads(cfg: DictConfig, recipe: Recipe) -> Path:
+def train_heads(run: TrainingRun, recipe: Recipe) -> Path:
     """One training stint of a method's heads, stage by stage (see the module docstring); with train.minutes=0 the
     committed head evaluated instead. Returns the checkpoint folder."""
-    torch.manual_seed(cfg.seed)
-    cfg.model.dtype = "float32"  # features and master weights; the drafter casts to the run's dtype
-    target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
+    features, settings = run.features, run.train
+    torch.manual_seed(settings.seed)
+    target, tokenizer = load_model(run.model, torch.device(settings.device))
     target.requires_grad_(False)
     if hasattr(recipe, "feature_layers"):  # EAGLE-3: the three target layers its head fuses
-        cfg.features.layers = recipe.feature_layers(target)
-    features, settings = FeatureSettings.from_config(cfg), TrainSettings.from_config(cfg)
+        features = replace(features, layers=tuple(recipe.feature_layers(target)))
     evaluating = settings.minutes == 0  # nothing trained or written: the held-out shards are all it needs
     dtype = None if evaluating else stint_dtype(recipe, settings)  # a stint that cannot run is refused first
     soft_top_k = 0 if evaluating else getattr(recipe, "soft_top_k", 0)

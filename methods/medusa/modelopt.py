@@ -31,8 +31,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from bench.errors import MissingArtifactError
+from bench.errors import ConfigError, MissingArtifactError
 from methods.heads.common import DraftVocabulary
+from methods.heads.settings import TrainingRun
 from methods.medusa.heads import MedusaHeads
 from methods.medusa.train import MedusaRecipe
 
@@ -160,18 +161,26 @@ def _version() -> str:
     return version("nvidia-modelopt")
 
 
-def train_modelopt_medusa(cfg: DictConfig) -> Path:
-    """`python -m bench.train method=medusa train.backend=modelopt`: the shared trainer with ModelOptMedusaRecipe,
-    writing to train.modelopt.out_dir (never over the native heads) and resuming from train.modelopt.checkpoint."""
-    from methods.heads.training import train_heads
-
+def modelopt_run(cfg: DictConfig) -> TrainingRun:
+    """The training run of `python -m bench.train method=medusa train.backend=modelopt`: writing to
+    train.modelopt.out_dir (never over the native heads), resuming from train.modelopt.checkpoint, full-vocabulary
+    heads; one line for a method or feature layers ModelOpt's Medusa cannot train, or ModelOpt missing (before
+    the target loads)."""
     if cfg.method.name != "medusa":
-        raise ValueError(f"train.backend=modelopt trains Medusa only, not method={cfg.method.name}")
+        raise ConfigError(f"train.backend=modelopt trains Medusa only, not method={cfg.method.name}")
     if list(cfg.features.layers) != [-1]:
-        raise ValueError("ModelOpt's Medusa heads read the last hidden state: features.layers must be [-1]")
-    import_modelopt()  # fail before the feature cache is built
+        raise ConfigError(f"features.layers={list(cfg.features.layers)}: ModelOpt's Medusa heads read the last "
+                          f"hidden state; set features.layers=[-1]")
+    import_modelopt()
     tcfg = cfg.train
     tcfg.draft_vocab_size = None  # ModelOpt's heads carry full-vocabulary projections of their own
     tcfg.out_dir = os.path.expanduser(tcfg.modelopt.out_dir)
     tcfg.checkpoint = os.path.expanduser(tcfg.modelopt.checkpoint)
-    return train_heads(cfg, ModelOptMedusaRecipe(tcfg.recipe.decay))
+    return TrainingRun.from_config(cfg)
+
+
+def train_modelopt_medusa(run: TrainingRun) -> Path:
+    """The shared trainer (methods/heads/training.py) with ModelOptMedusaRecipe on `run` (modelopt_run's)."""
+    from methods.heads.training import train_heads
+
+    return train_heads(run, ModelOptMedusaRecipe(run.train.config.recipe.decay))

