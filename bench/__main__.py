@@ -25,7 +25,7 @@ def benchmark(cfg: DictConfig) -> None:
     with exit_on_user_error(UnsupportedModelError):
         settings = validate(fold_deprecated(cfg))
         with sweep_claim(settings):
-            run(cfg)
+            run(cfg, settings)
 
 
 def sweep_claim(settings: RunSettings):

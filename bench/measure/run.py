@@ -22,19 +22,20 @@ from tasks import load_questions
 from tasks.prompts import set_prompt_format
 
 
-def run(cfg: DictConfig) -> pd.DataFrame | None:
+def run(cfg: DictConfig, settings: RunSettings | None = None) -> pd.DataFrame | None:
     """Run `cfg.method` (or `cfg.server`'s speculation) on `cfg.task`; writes answers.jsonl, baseline.jsonl,
     summary.csv, meta.json to out_dir, and skipped.jsonl for questions too long for the model's context window.
-    Returns the summary (None: no answers)."""
+    `settings`: cfg's, where the caller has validated it already (else validated here). Returns the summary (None:
+    no answers)."""
     started = time.time()
     backend = cfg.get("backend", "engine")
     if backend == "server":  # a serving engine over HTTP (docs/serving.md)
         check_server_config(cfg)
-        return run_server(validate(fold_deprecated(cfg)), cfg, started)
+        return run_server(settings or validate(fold_deprecated(cfg)), cfg, started)
     if backend != "engine" or cfg.get("server") is not None:
         raise ConfigError(f"backend={backend} with server={(cfg.get('server') or {}).get('name')}: use backend=engine "
                           f"(our engine, no server=...) or backend=server with server=<conf/server/ name>")
-    settings = validate(fold_deprecated(cfg))
+    settings = settings or validate(fold_deprecated(cfg))
     device = resolve_device(settings.device)
     warned = start_warnings(torch.get_num_threads(), available_cores(), machine_load(), device.type == "cuda")
     for warning in warned:
