@@ -23,8 +23,12 @@ def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictCo
 
 
 def _compose(config_name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """Composed in the running Hydra app's config folder (inside `python -m bench`), else in CONF_DIR."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
 

@@ -17,12 +17,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench.errors import ConfigError
-from bench.measure.exactness import find_divergence
+from bench.models import load_model, resolve_device
+from bench.measure.exactness import NO_LOGITS, find_divergence
 from bench.measure.gpu import GpuMonitor
 from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
 from bench.measure.provenance import run_metadata
 from bench.measure.serving.endpoint import SERVER_KEYS, ServerEndpoint
-from bench.measure.serving.launch import LaunchedServer, launch_command
+from bench.measure.serving.launch import LaunchedServer, launch_command, launch_environment
 from bench.measure.serving.stats import serving_columns
 from bench.measure.serving.stream import ENDPOINT_PATHS, RequestSpec
 from bench.settings import RunSettings
@@ -89,12 +90,13 @@ class ServerBackend(Backend):
         if not self.method_is_baseline and settings.baseline:
             self.endpoints[BASELINE] = ServerEndpoint(server.baseline_url, "server.baseline_url", spec, tokenizer,
                                                       server.engine, False, None, one)
-        self.counters_before = self.run_counters = None
+        self.counters_before = self.run_counters = self._tie_judge = None
         self.launched: list[str] = []
 
     def open(self, resources: ExitStack) -> None:
         """Launch the configured servers (stopped when `resources` closes) and check that each side answers."""
         server, out_dir = self.cfg.server, Path(self.settings.out_dir)
+        env = launch_environment(self.cfg)
         launches = {METHOD: (server.launch, "server.log"), BASELINE: (server.baseline_launch, "baseline_server.log")}
         for side, endpoint in self.endpoints.items():
             command, log = launches[side]
@@ -102,7 +104,7 @@ class ServerBackend(Backend):
                 filled = launch_command(self.cfg, command)
                 self.launched.append(filled)
                 resources.enter_context(LaunchedServer(filled, endpoint.url, server.health_path, out_dir / log,
-                                                       float(server.ready_timeout_s)))
+                                                       float(server.ready_timeout_s), env))
             endpoint.probe(server.health_path)
 
     def warm_up(self, side: str, todo: list[dict]) -> None:
@@ -135,8 +137,22 @@ class ServerBackend(Backend):
         return results
 
     def divergence(self, turns: list[dict], baseline: dict) -> dict | None:
-        """Without logits no tie can be told (exactness.find_divergence without a model)."""
-        return find_divergence(None, turns, baseline)
+        """Where the two sides' tokens part and, with server.tie_check, whether that is a numeric tie as our engine
+        judges one: our copy of the served model (in model.tie_check_dtype, else model.dtype) scores the shared
+        prefix, both tokens within model.tie_margin of its top logit. Without it no tie can be told (a server returns
+        no logits)."""
+        found = find_divergence(None, turns, baseline)
+        if found is None or found.get("reason") != NO_LOGITS or not self.cfg.server.get("tie_check"):
+            return found
+        return find_divergence(self.tie_judge(), turns, baseline, self.settings.model.tie_margin)
+
+    def tie_judge(self):
+        """The served model, loaded here once at the first divergence (server.tie_check)."""
+        if self._tie_judge is None:
+            model = self.cfg.model
+            dtype = self.settings.model.tie_check_dtype or model.dtype
+            self._tie_judge, _ = load_model(OmegaConf.merge(model, {"dtype": dtype}), resolve_device(self.cfg.device))
+        return self._tie_judge
 
     def choice_fields(self, turns: list[dict]) -> dict:
         """The serving fields per turn (SERVER_KEYS) and the request group."""

@@ -4,7 +4,8 @@ A turn of n new tokens with `accepted` accepted draft tokens took n - accepted t
 accepted drafts plus one token of the target's own; the prefill's token included), so #MAT = n / steps as for our
 engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM and llama.cpp (with --metrics) count
 server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn, with the
-per-position counts) and around the run (per run, where other traffic leaks in); SGLang reports per request in its
+per-position counts) and around the run (per run, where other traffic leaks in); vLLM also per request, in the
+response, when launched with --per-request-spec-decode-metrics; SGLang reports per request in its
 native /generate's meta_info. Where nothing is reported the turn's steps are None (NaN in the
 metrics), never a guess."""
 from __future__ import annotations
@@ -101,6 +102,36 @@ def steps_from_histogram(exactly: list[int], steps: int, new_tokens: int) -> lis
     decode = sorted((1 + k for k, n in enumerate(exactly) for _ in range(n)), reverse=True)
     lengths = [1] + decode + [1] * max(0, steps - 1 - len(decode))
     return lengths if len(lengths) == steps and sum(lengths) == new_tokens else []
+
+
+def from_vllm_request(new_tokens: int, metrics: dict | None) -> dict | None:
+    """Steps of a turn from vLLM's per-request `metrics.speculative_decoding` (--per-request-spec-decode-metrics,
+    vllm/entrypoints/generate/base/protocol.py SpeculativeDecodingMetrics): every verify step's accepted drafts in
+    order (per_step_accepted, the `detailed` level), else the histogram of steps by accepted drafts (longest first).
+    vLLM counts a step's accepted drafts before max_tokens or a stop cuts them, so the steps are fitted to the turn's
+    tokens (fit_steps). None without them."""
+    if not metrics or metrics.get("num_accepted_draft_tokens") is None:
+        return None
+    ordered = metrics.get("per_step_accepted")
+    if ordered is None:
+        histogram = metrics.get("acceptance_histogram") or []
+        ordered = sorted((j for j, count in enumerate(histogram) for _ in range(int(count))), reverse=True)
+    lengths = fit_steps([1] + [1 + int(a) for a in ordered], new_tokens)
+    return {"steps": len(lengths), "accept_lengths": lengths, "acceptance_source": "vllm_request_metrics",
+            "drafted": int(metrics.get("num_draft_tokens") or 0), "accepted": new_tokens - len(lengths)}
+
+
+def fit_steps(lengths: list[int], new_tokens: int) -> list[int]:
+    """Step lengths that add up to the turn's tokens: cut where they reach `new_tokens` (a last step's drafts past
+    max_tokens or a stop are never output), then one-token steps for the steps that drafted nothing (the ngram
+    proposer finding no match), whose place among the others is not reported."""
+    fitted, total = [], 0
+    for length in lengths:
+        if total >= new_tokens:
+            break
+        fitted.append(min(length, new_tokens - total))
+        total += fitted[-1]
+    return fitted + [1] * (new_tokens - total)
 
 
 SGLANG_ACCEPTED = ("spec_accepted_drafts", "spec_accepted_tokens", "spec_accept_token_num")  # newest name first

@@ -91,6 +91,8 @@ class ServerEndpoint:
             counted = acceptance.from_counters(n, delta, "llamacpp_metrics")
             if found and counted and counted["accepted"] == found["accepted"] and counted["accept_lengths"]:
                 found = counted  # its /metrics agree with the response's timings, and add the per-step lengths
+        elif self.engine == "vllm" and streamed.spec_metrics:
+            found = acceptance.from_vllm_request(n, streamed.spec_metrics)
         elif self.engine == "sglang":
             found = acceptance.from_sglang_meta(n, streamed.meta_info)
         else:

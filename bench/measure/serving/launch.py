@@ -12,9 +12,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from bench.artifacts import package_dir
-from bench.errors import MissingArtifactError
+from bench.artifacts import PROJECT_ROOT, package_dir
+from bench.config import compose_checked
+from bench.errors import ConfigError, MissingArtifactError
+from bench.models import dequantized_gguf
 from bench.measure.serving.http import get_text
+from methods.sps.draft import standalone_draft
 
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 10.0
@@ -29,26 +32,72 @@ def check_binary(command: str, hint: str | None) -> None:
 
 
 def launch_command(cfg: DictConfig, command: str) -> str:
-    """A launch command with {binary} (server.binary, checked to exist) and {model_file} (the model's GGUF)."""
-    server = cfg.server
-    binary = str(Path(server.binary).expanduser()) if server.binary else ""
-    model_file = ""
-    if "{model_file}" in command:
-        folder = package_dir(cfg.model.package, cfg.model.install_hint) if cfg.model.get("package") else cfg.model.path
-        model_file = str(Path(folder) / (cfg.model.get("gguf_file") or ""))
-    filled = command.format(binary=binary, model_file=model_file)
-    check_binary(filled, server.build_hint)
+    """A launch command with its placeholders filled (fill_placeholders), its program checked to exist."""
+    filled = fill_placeholders(cfg, command)
+    check_binary(filled, cfg.server.build_hint)
     return filled
 
 
+def fill_placeholders(cfg: DictConfig, command: str) -> str:
+    """A launch command or environment value with its placeholders filled: {binary} (server.binary, checked to
+    exist), {model_file} (the model's GGUF), {model_dir} (the model's safetensors folder: model.path, or the GGUF's
+    dequantized copy), {draft_dir} (draft_of's folder, made loadable on its own: methods/sps/draft.standalone_draft) and
+    {cpus} (every core of this machine, 0-N). Placeholders are replaced by name, so JSON braces stay as written."""
+    server = cfg.server
+    fills = {"{binary}": lambda: str(Path(server.binary).expanduser()) if server.binary else "",
+             "{model_file}": lambda: str(model_folder(cfg.model) / (cfg.model.get("gguf_file") or "")),
+             "{model_dir}": lambda: str(model_weights_dir(cfg.model)),
+             "{draft_dir}": lambda: str(standalone_draft(draft_of(cfg), model_weights_dir(cfg.model))),
+             "{cpus}": lambda: f"0-{(os.cpu_count() or 1) - 1}"}
+    for placeholder, fill in fills.items():
+        if placeholder in command:
+            command = command.replace(placeholder, fill())
+    return command
+
+
+def launch_environment(cfg: DictConfig) -> dict[str, str]:
+    """The launched servers' environment: this process's, plus server.env with its placeholders filled."""
+    extra = {str(k): fill_placeholders(cfg, str(v)) for k, v in (cfg.server.get("env") or {}).items()}
+    return {**os.environ, **extra}
+
+
+def model_folder(model: DictConfig) -> Path:
+    """The folder holding the model's files: its installed package's, else model.path."""
+    return package_dir(model.package, model.install_hint) if model.get("package") else Path(model.path)
+
+
+def model_weights_dir(model: DictConfig) -> Path:
+    """The model as a safetensors folder a serving engine loads: model.path, or the GGUF's dequantized copy."""
+    return dequantized_gguf(model) if model.get("gguf_file") else Path(model.path).expanduser()
+
+
+def draft_of(cfg: DictConfig) -> str:
+    """The draft or head folder a launch command names as {draft_dir}: server.draft, else the one that
+    method=<server.draft_of> runs on this model (its drafter's checkpoint or draft_path)."""
+    server = cfg.server
+    if server.get("draft"):
+        return str(server.draft)
+    if not server.get("draft_of"):
+        raise ConfigError(f"server={server.name}: its launch names {{draft_dir}}; set server.draft=<folder> or "
+                          f"server.draft_of=<method>")
+    drafter = compose_checked("config", [f"method={server.draft_of}", f"model={cfg.model.name}"]).method.drafter
+    folder = drafter.get("checkpoint") or drafter.get("draft_path")
+    if not folder or folder == "???":
+        raise ConfigError(f"method={server.draft_of} has no draft or head for model={cfg.model.name} "
+                          f"(conf/method_model/{server.draft_of}/); set server.draft=<folder>")
+    return str(folder)
+
+
 class LaunchedServer:
-    """`with LaunchedServer(command, url, health_path, log, deadline):` starts `command` (shell, own process
-    group, stdout and stderr to `log`), waits until GET url+health_path answers 200 (MissingArtifactError after
+    """`with LaunchedServer(command, url, health_path, log, deadline, env):` starts `command` (shell, own process
+    group, in the project root, with environment `env` (default: this process's), stdout and stderr to `log`), waits until GET url+health_path answers 200 (MissingArtifactError after
     `deadline` seconds or when the process exits first, naming the log) and stops the group on leaving, also after an
     exception or Ctrl-C: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS."""
 
-    def __init__(self, command: str, url: str, health_path: str, log: Path, deadline: float):
+    def __init__(self, command: str, url: str, health_path: str, log: Path, deadline: float,
+                 env: dict[str, str] | None = None):
         self.command, self.url, self.health_path, self.log, self.deadline = command, url, health_path, log, deadline
+        self.env = env
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "LaunchedServer":
@@ -57,7 +106,8 @@ class LaunchedServer:
             log.write(f"$ {self.command}\n".encode())
             log.flush()
             self.process = subprocess.Popen(self.command, shell=True, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            cwd=PROJECT_ROOT, env=self.env)
         try:
             self.wait_ready()
         except BaseException:

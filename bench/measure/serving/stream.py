@@ -23,6 +23,7 @@ class StreamedTurn:
     e2e: float = 0.0
     timings: dict | None = None  # llama.cpp's per-response timings (draft_n, draft_n_accepted, predicted_n...)
     meta_info: dict | None = None  # SGLang's per-request meta_info, as its last event had it (spec_verify_ct...)
+    spec_metrics: dict | None = None  # vLLM's per-request metrics.speculative_decoding (its usage chunk)
     finish_reason: str | None = None
 
 
@@ -91,6 +92,8 @@ def stream_turn(url: str, spec: RequestSpec, body: dict) -> StreamedTurn:
             out.timings = event["timings"]
         if event.get("meta_info"):
             out.meta_info = event["meta_info"]
+        if (event.get("metrics") or {}).get("speculative_decoding"):
+            out.spec_metrics = event["metrics"]["speculative_decoding"]
         choice = (event.get("choices") or [{}])[0]
         out.finish_reason = choice.get("finish_reason") or event.get("stop_type") or finish_type(out.meta_info) \
             or out.finish_reason
