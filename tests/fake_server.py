@@ -30,7 +30,8 @@ def speculate(n: int, pattern=ACCEPT_PATTERN) -> list[int]:
 
 
 class FakeEngine:
-    """The engine's state: its rule, what it reports, its counters and the requests it saw."""
+    """The engine's state: its rule, what it reports (`counters`: the /metrics prefix of vLLM-named counters, "tgi"
+    for TGI's summary, "mlc" for MLC-LLM's debug endpoint), its counters and the requests it saw."""
 
     def __init__(self, vocab: int = 300, bend_at: int | None = None, timings: bool = False, counters: str | None = None,
                  hold: int = 0, decode=None, token_ids: bool = True, sglang_fields: str = "2026",

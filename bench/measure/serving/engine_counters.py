@@ -1,6 +1,6 @@
 """Speculation counters of the engines that publish them in shapes of their own, read as SpecCounters: TGI's
-`tgi_request_skipped_tokens` summary on /metrics, MLC-LLM's engine metrics (JSON, POST /debug/dump_engine_metrics).
-vLLM, llama.cpp and LMDeploy share one Prometheus naming (acceptance.parse_counters)."""
+`tgi_request_skipped_tokens` summary on /metrics (and a turn's steps from it), MLC-LLM's engine metrics (JSON, POST
+/debug/dump_engine_metrics). vLLM, llama.cpp and LMDeploy share one Prometheus naming (acceptance.parse_counters)."""
 from __future__ import annotations
 
 import json
