@@ -1,9 +1,10 @@
 """A fake OpenAI-compatible serving engine for the server backend's tests (bench/measure/serving/): streams token
 ids from a deterministic rule (next = (last + 1) % vocab, optionally bent at one position), speaks llama.cpp's
-/completion, OpenAI's /v1/completions and /v1/chat/completions and SGLang's native /generate (the output so far in
+/completion, OpenAI's /v1/completions and /v1/chat/completions, SGLang's native /generate (the output so far in
 every event, or increments; speculation in the last event's meta_info under the field names of one SGLang version),
-optionally reports llama.cpp-style per-response timings and vLLM- or llama.cpp-style speculation counters on
-/metrics, and counts the requests it holds at once.
+LMDeploy's /generate (increments, told apart from SGLang's by its body) and TGI's /generate_stream, optionally
+reports llama.cpp-style per-response timings and speculation counters on /metrics as vLLM, llama.cpp, LMDeploy or
+TGI publish them or as MLC-LLM's /debug/dump_engine_metrics, and counts the requests it holds at once.
 
 `python -m tests.fake_server --port N` serves it as a process (the `server.launch` tests)."""
 from __future__ import annotations
@@ -29,7 +30,8 @@ def speculate(n: int, pattern=ACCEPT_PATTERN) -> list[int]:
 
 
 class FakeEngine:
-    """The engine's state: its rule, what it reports, its counters and the requests it saw."""
+    """The engine's state: its rule, what it reports (`counters`: the /metrics prefix of vLLM-named counters, "tgi"
+    for TGI's summary, "mlc" for MLC-LLM's debug endpoint), its counters and the requests it saw."""
 
     def __init__(self, vocab: int = 300, bend_at: int | None = None, timings: bool = False, counters: str | None = None,
                  hold: int = 0, decode=None, token_ids: bool = True, sglang_fields: str = "2026",
@@ -41,8 +43,9 @@ class FakeEngine:
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
         self.bodies: list[dict] = []
-        self.drafts = self.draft_tokens = self.accepted = 0
+        self.drafts = self.draft_tokens = self.accepted = self.steps = 0
         self.per_position: dict[int, int] = {}
+        self.lengths: list[int] = []  # accepted drafts of every speculative step so far
 
     def tokens(self, prompt: list[int], n: int) -> list[int]:
         out, last = [], prompt[-1] if prompt else 0
@@ -55,6 +58,8 @@ class FakeEngine:
         """Count one response's speculation; its llama.cpp-style timings."""
         accepts = speculate(n)
         with self.lock:
+            self.steps += 1 + len(accepts)  # the prefill's step, then the speculative ones
+            self.lengths += accepts
             self.drafts += len(accepts)
             self.draft_tokens += DRAFT_WIDTH * len(accepts)
             self.accepted += sum(accepts)
@@ -65,6 +70,8 @@ class FakeEngine:
         return {"predicted_n": n, "draft_n": DRAFT_WIDTH * len(accepts), "draft_n_accepted": sum(accepts)}
 
     def metrics_text(self) -> str:
+        if self.prefix == "tgi":
+            return tgi_metrics_text(self.steps, self.accepted)
         p, labels = self.prefix, 'engine="0",model_name="fake"'
         lines = [f"# TYPE {p}spec_decode_num_drafts_total counter",
                  f"{p}spec_decode_num_drafts_total{{{labels}}} {float(self.drafts)}",
@@ -73,7 +80,20 @@ class FakeEngine:
                  "# a comment", "process_cpu_seconds_total 1.5"]
         lines += [f'{p}spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
                   for k, v in sorted(self.per_position.items()) if v or p != "llamacpp:"]  # llama.cpp: made lazily
+        if p == "lmdeploy:":  # prometheus_client's creation times beside its counters
+            lines.append(f"{p}spec_decode_num_drafts_created{{{labels}}} 1.7e+09")
         return "\n".join(lines) + "\n"
+
+    def mlc_metrics(self) -> dict:
+        """MLC-LLM's engine metrics as POST /debug/dump_engine_metrics answers (FastAPI rendering the EngineMetrics
+        object by its attribute): spec_decode only once a speculative step ran, as metrics.cc leaves it out."""
+        metrics = {"completion_tokens_sum": self.steps + self.accepted, "decode_tokens_sum": 0}
+        if self.lengths:
+            draft_count = [len(self.lengths)] * (DRAFT_WIDTH + 1)
+            accept_count = [sum(a >= j for a in self.lengths) for j in range(DRAFT_WIDTH + 1)]
+            ratios = {f"accept_prob{{step={j}}}": accept_count[j] / draft_count[j] for j in range(DRAFT_WIDTH + 1)}
+            metrics["spec_decode"] = {"draft_count": draft_count, "accept_count": accept_count, "accept_prob": ratios}
+        return {"metrics": metrics}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -83,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path in ("/health", "/v1/models"):
             return self.reply(200, "application/json", '{"status": "ok"}')
         if self.path == "/metrics" and self.engine.prefix:
             return self.reply(200, "text/plain", self.engine.metrics_text())
@@ -98,6 +118,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         engine = self.engine
+        if self.path == "/debug/dump_engine_metrics":
+            if engine.prefix != "mlc":
+                return self.reply(404, "application/json", '{"detail": "Not Found"}')
+            return self.reply(200, "application/json", json.dumps(engine.mlc_metrics()))
         with engine.lock:
             engine.bodies.append({"path": self.path, **body})
             engine.in_flight += 1
@@ -112,7 +136,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def stream(self, body: dict) -> None:
         if self.path == "/generate":
-            return self.stream_sglang(body)
+            return self.stream_sglang(body) if "sampling_params" in body else self.stream_lmdeploy(body)
+        if self.path == "/generate_stream":
+            return self.stream_tgi(body)
         engine, native = self.engine, self.path == "/completion"
         prompt = body.get("prompt")
         if not isinstance(prompt, list):
@@ -157,6 +183,58 @@ class Handler(BaseHTTPRequestHandler):
             event = {"text": engine.decode(shown), "output_ids": shown, "meta_info": meta}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+
+
+    def stream_lmdeploy(self, body: dict) -> None:
+        """LMDeploy's /generate: each event the new `text` and `output_ids`, meta_info's completion_tokens so far;
+        a last event without output carrying the finish reason."""
+        engine = self.engine
+        ids = engine.tokens(body["input_ids"], body["max_tokens"])
+        engine.count(len(ids))
+        self.start_events()
+        for k, token in enumerate(ids, start=1):
+            meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": k, "finish_reason": None}
+            self.send_event({"text": engine.decode([token]), "output_ids": [token], "meta_info": meta})
+        meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": len(ids),
+                "finish_reason": {"type": "length"}}
+        self.send_event({"text": "", "output_ids": [], "meta_info": meta})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def stream_tgi(self, body: dict) -> None:
+        """TGI's /generate_stream: one event per token (`token`: id, text, logprob, special), the last one with
+        generated_text and details; no [DONE]. The prompt is text, so the rule starts from its length."""
+        engine, parameters = self.engine, body["parameters"]
+        ids = engine.tokens([len(body["inputs"]) % engine.vocab], parameters["max_new_tokens"])
+        engine.count(len(ids))
+        self.start_events()
+        for index, token in enumerate(ids, start=1):
+            event = {"index": index, "token": {"id": token, "text": engine.decode([token]), "logprob": -0.5,
+                                               "special": False}, "generated_text": None, "details": None}
+            if index == len(ids):
+                event["generated_text"] = engine.decode(ids)
+                event["details"] = {"finish_reason": "length", "generated_tokens": len(ids), "seed": None,
+                                    "input_length": 7}
+            self.send_event(event)
+
+    def start_events(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+    def send_event(self, event: dict) -> None:
+        self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.flush()
+
+
+def tgi_metrics_text(steps: int, skipped: int) -> str:
+    """TGI's /metrics around its skipped-tokens summary (metrics-exporter-prometheus: quantiles over a window, _sum and
+    _count since start)."""
+    name = "tgi_request_skipped_tokens"
+    return "\n".join(["# TYPE tgi_request_count counter", "tgi_request_count 4",
+                      f"# HELP {name} Speculated tokens per request", f"# TYPE {name} summary",
+                      f'{name}{{quantile="0"}} 0', f'{name}{{quantile="0.5"}} 1', f'{name}{{quantile="1"}} 2',
+                      f"{name}_sum {skipped}", f"{name}_count {steps}", "tgi_request_generated_tokens_sum 99",
+                      "tgi_request_generated_tokens_count 9"]) + "\n"
 
 
 def sglang_spec_meta(n: int, fields: str) -> dict:

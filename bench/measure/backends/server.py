@@ -30,7 +30,7 @@ from bench.settings import RunSettings
 from tasks import task_of
 from tasks.prompts import build_prompt
 
-ENGINES = ("llamacpp", "vllm", "sglang", "generic")
+ENGINES = ("llamacpp", "vllm", "sglang", "tgi", "lmdeploy", "mlc_llm", "generic")
 CLOSING_COLUMNS = ["task", "n_questions", "concurrency", "tokens_per_s", "baseline_tokens_per_s", "speedup",
                    "mean_accepted_tokens", "exact_match", "ttft_p50_s", "itl_p50_s", "e2e_p50_s",
                    "output_tokens_per_s"]
@@ -40,7 +40,8 @@ def check_server_config(cfg: DictConfig) -> None:
     """ConfigError listing what a server run cannot use."""
     server, problems = cfg.get("server"), []
     if server is None:
-        raise ConfigError("backend=server needs a server config: server=llamacpp_ngram | vllm | sglang (conf/server/)")
+        raise ConfigError("backend=server needs a server config: server=llamacpp_ngram | vllm | sglang | tgi | "
+                          "lmdeploy | mlc_llm (conf/server/)")
     if server.engine not in ENGINES:
         problems.append(f"server.engine={server.engine}: must be one of {', '.join(ENGINES)}")
     if server.endpoint not in ENDPOINT_PATHS:

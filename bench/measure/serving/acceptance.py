@@ -2,18 +2,18 @@
 
 A turn of n new tokens with `accepted` accepted draft tokens took n - accepted target steps (each step adds its
 accepted drafts plus one token of the target's own; the prefill's token included), so #MAT = n / steps as for our
-engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM and llama.cpp (with --metrics) count
-server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn, with the
-per-position counts) and around the run (per run, where other traffic leaks in); vLLM also per request, in the
-response, when launched with --per-request-spec-decode-metrics; SGLang reports per request in its
-native /generate's meta_info. Where nothing is reported the turn's steps are None (NaN in the
-metrics), never a guess."""
+engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM, LMDeploy and llama.cpp (with --metrics)
+count server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn, with
+the per-position counts) and around the run (per run, where other traffic leaks in), as TGI and MLC-LLM do in shapes
+of their own (engine_counters.py); vLLM also per request, in the response, when launched with
+--per-request-spec-decode-metrics; SGLang reports per request in its native /generate's meta_info. Where nothing is
+reported the turn's steps are None (NaN in the metrics), never a guess."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-COUNTER_PREFIXES = {"vllm": "vllm:", "llamacpp": "llamacpp:"}
+COUNTER_PREFIXES = {"vllm": "vllm:", "llamacpp": "llamacpp:", "lmdeploy": "lmdeploy:"}  # vLLM's names
 DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
                                                 "spec_decode_num_accepted_tokens_total",
                                                 "spec_decode_num_accepted_tokens_per_pos_total")

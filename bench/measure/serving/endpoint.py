@@ -8,9 +8,10 @@ import urllib.error
 
 from bench.errors import ConfigError
 from bench.measure.serving import acceptance
-from bench.measure.serving.acceptance import SpecCounters, parse_counters
+from bench.measure.serving.acceptance import SpecCounters
+from bench.measure.serving.engine_counters import from_tgi_steps, read_counters, reads_counters
 from bench.measure.serving.http import ServerError, get_text, unreachable
-from bench.measure.serving.stream import RequestSpec, StreamedTurn, stream_turn
+from bench.measure.serving.stream import TEXT_PROMPTS, RequestSpec, StreamedTurn, stream_turn
 from tasks.prompts import build_prompt
 
 SERVER_KEYS = ("ttft_s", "itl_s", "token_count_source", "acceptance_source", "drafted", "accepted")
@@ -25,8 +26,8 @@ class ServerEndpoint:
                  metrics_path: str | None, per_turn_counters: bool):
         self.url, self.setting, self.spec, self.tokenizer = url.rstrip("/"), setting, spec, tokenizer
         self.engine, self.speculative, self.metrics_path = engine, speculative, metrics_path
-        self.prefix = acceptance.COUNTER_PREFIXES.get(engine)
-        self.per_turn_counters = per_turn_counters and speculative and self.prefix is not None
+        self.counted = reads_counters(engine)
+        self.per_turn_counters = per_turn_counters and speculative and self.counted
 
     def probe(self, health_path: str) -> None:
         """MissingArtifactError naming the url and its setting when nothing listens there (any HTTP answer will do)."""
@@ -39,10 +40,10 @@ class ServerEndpoint:
 
     def counters(self) -> SpecCounters | None:
         """The server's speculation counters now (None: no /metrics, or none of this engine's there)."""
-        if not self.speculative or not self.metrics_path or self.prefix is None:
+        if not self.speculative or not self.metrics_path or not self.counted:
             return None
         try:
-            return parse_counters(get_text(self.url + self.metrics_path, timeout=10.0), self.prefix)
+            return read_counters(self.engine, self.url + self.metrics_path, timeout=10.0)
         except (urllib.error.URLError, OSError) as err:
             print(f"WARNING: cannot read {self.url}{self.metrics_path} ({err}); no acceptance counters "
                   f"(server.metrics_path=null stops trying)", file=sys.stderr)
@@ -53,7 +54,7 @@ class ServerEndpoint:
             max_tokens: int | None = None) -> StreamedTurn:
         """One streamed request; errors become one-line messages naming the url and the setting to fix."""
         spec = self.spec if max_tokens is None else RequestSpec(**{**self.spec.__dict__, "max_tokens": max_tokens})
-        prompt_text = self.tokenizer.decode(prompt_ids) if spec.endpoint == "completions_text" else ""
+        prompt_text = self.tokenizer.decode(prompt_ids) if spec.endpoint in TEXT_PROMPTS else ""
         body = spec.body(prompt_ids, prompt_text, conversation, seed)
         try:
             return stream_turn(self.url, spec, body)
@@ -95,6 +96,8 @@ class ServerEndpoint:
             found = acceptance.from_vllm_request(n, streamed.spec_metrics)
         elif self.engine == "sglang":
             found = acceptance.from_sglang_meta(n, streamed.meta_info)
+        elif self.engine == "tgi":
+            found = from_tgi_steps(n, delta)
         else:
             found = acceptance.from_counters(n, delta, f"{self.engine}_metrics")
         found = found or acceptance.unreported()

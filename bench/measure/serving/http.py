@@ -27,6 +27,14 @@ def get_text(url: str, timeout: float) -> str:
         return response.read().decode()
 
 
+def post_text(url: str, body: dict, timeout: float) -> str:
+    """The body of a JSON POST's answer as text (MLC-LLM's debug endpoints); raises urllib's errors."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode()
+
+
 def post_stream(url: str, body: dict, timeout: float) -> Iterator[tuple[float, dict]]:
     """(perf_counter at arrival, parsed event) for every `data:` line of a streamed POST, until `[DONE]` or the
     end of the stream. Raises ServerError on an HTTP error status, URLError where nothing answers."""

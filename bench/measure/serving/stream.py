@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from bench.measure.serving.http import post_stream
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "completions_text": "/v1/completions",
-                  "chat": "/v1/chat/completions", "llamacpp": "/completion", "sglang": "/generate"}
+                  "chat": "/v1/chat/completions", "llamacpp": "/completion", "sglang": "/generate",
+                  "tgi": "/generate_stream", "lmdeploy": "/generate"}
+TEXT_PROMPTS = ("completions_text", "tgi")  # endpoints asked with our rendering as text (TGI takes no token ids)
 
 
 @dataclass
@@ -42,11 +44,17 @@ class RequestSpec:
 
     def body(self, prompt_ids: list[int], prompt_text: str, messages: list[dict], seed: int) -> dict:
         """The JSON body of one turn: the prompt as token ids (completions, llamacpp), as our rendered text
-        (completions_text), as the chat so far (chat, templated by the server), or as SGLang's native request
-        (input_ids and sampling_params; no seed: its name differs across SGLang versions)."""
+        (completions_text), as the chat so far (chat, templated by the server), as SGLang's native request
+        (input_ids and sampling_params; no seed: its name differs across SGLang versions), as TGI's (our text as
+        `inputs`, tgi_parameters) or as LMDeploy's /generate (input_ids, sampling fields at the top)."""
         if self.endpoint == "sglang":
             sampling = {"max_new_tokens": self.max_tokens, "temperature": self.temperature, "stop": self.stop}
             return {"input_ids": prompt_ids, "sampling_params": sampling, "stream": True, **self.extra}
+        if self.endpoint == "tgi":
+            return {"inputs": prompt_text, "parameters": self.tgi_parameters(seed)}
+        if self.endpoint == "lmdeploy":  # its /generate has no seed field
+            return {"input_ids": prompt_ids, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                    "stop": self.stop, "stream": True, **self.extra}
         common = {"stream": True, "temperature": self.temperature, "stop": self.stop, "seed": seed, **self.extra}
         if self.endpoint == "llamacpp":
             return {"prompt": prompt_ids, "n_predict": self.max_tokens, "return_tokens": True, **common}
@@ -56,18 +64,29 @@ class RequestSpec:
         prompt = prompt_text if self.endpoint == "completions_text" else prompt_ids
         return {**named, "prompt": prompt, "max_tokens": self.max_tokens, **common}
 
+    def tgi_parameters(self, seed: int) -> dict:
+        """TGI's `parameters` (router/src/lib.rs GenerateParameters), server.extra_body among them: greedy is
+        do_sample false without a temperature (it refuses temperature 0); `details` for the finish reason."""
+        sampled = {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
+        return {"max_new_tokens": self.max_tokens, "stop": self.stop, "seed": seed, "details": True, **sampled,
+                **self.extra}
+
 
 def event_tokens(event: dict, sent: tuple[str, list[int]] = ("", [])) -> tuple[str, list[int] | None]:
     """(text, token ids or None) that one streamed event adds, for any endpoint kind: SGLang's `text` and
     `output_ids` (the whole output so far, so `sent` is cut off, unless the server streams increments, seen as
-    `output_ids` shorter than meta_info's completion_tokens); llama.cpp's `content` and `tokens`; OpenAI's
-    choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or logprobs tokens written
-    `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
+    `output_ids` shorter than meta_info's completion_tokens, as LMDeploy's /generate does); TGI's one `token` (`id`,
+    and its `text` unless `special`, as TGI's generated_text leaves special tokens out); llama.cpp's `content`
+    and `tokens`; OpenAI's choices[0] `text` or `delta.content`, with `token_ids` (vLLM's return_token_ids) or
+    logprobs tokens written `token_id:<n>` (vLLM's return_tokens_as_token_ids)."""
     if "output_ids" in event:  # SGLang's /generate
         ids, text = [int(t) for t in event["output_ids"]], event.get("text") or ""
         if len(ids) == (event.get("meta_info") or {}).get("completion_tokens", len(ids)) and len(ids) >= len(sent[1]):
             return text[len(sent[0]):] if text.startswith(sent[0]) else text, ids[len(sent[1]):]
         return text, ids
+    if isinstance(event.get("token"), dict):  # TGI's /generate_stream
+        token = event["token"]
+        return "" if token.get("special") else token.get("text") or "", [int(token["id"])]
     if "content" in event or "tokens" in event:  # llama.cpp's /completion
         tokens = event.get("tokens")
         return event.get("content") or "", None if tokens is None else [int(t) for t in tokens]
@@ -96,7 +115,7 @@ def stream_turn(url: str, spec: RequestSpec, body: dict) -> StreamedTurn:
             out.spec_metrics = event["metrics"]["speculative_decoding"]
         choice = (event.get("choices") or [{}])[0]
         out.finish_reason = choice.get("finish_reason") or event.get("stop_type") or finish_type(out.meta_info) \
-            or out.finish_reason
+            or (event.get("details") or {}).get("finish_reason") or out.finish_reason
         if ids is not None:
             ids = None if tokens is None and text else ids + (tokens or [])
         if not text and not tokens:
