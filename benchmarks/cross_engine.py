@@ -22,7 +22,8 @@ from bench.artifacts import PROJECT_ROOT
 
 # Per head: our engine's method as a chain of k drafts, and the vLLM server loading the same head or draft.
 HEADS = {
-    "eagle3": (["method=eagle3", "method.drafter.depth={k}", "method.drafter.top_k=1", "method.drafter.total_token={k}"],
+    "eagle3": (["method=eagle3", "method.drafter.depth={k}", "method.drafter.top_k=1",
+                "method.drafter.total_token={k}"],
                ["backend=server", "server=vllm_cpu_eagle3", "server.num_speculative_tokens={k}"]),
     "sps": (["method=sps", "method.drafter.num_draft_tokens={k}", "method.drafter.adaptive=false"],
             ["backend=server", "server=vllm_cpu_draft", "server.num_speculative_tokens={k}"]),

@@ -17,7 +17,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench.errors import ConfigError
-from bench.models import load_model, resolve_device
 from bench.measure.exactness import NO_LOGITS, find_divergence
 from bench.measure.gpu import GpuMonitor
 from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
@@ -26,6 +25,7 @@ from bench.measure.serving.endpoint import SERVER_KEYS, ServerEndpoint
 from bench.measure.serving.launch import LaunchedServer, launch_command, launch_environment
 from bench.measure.serving.stats import serving_columns
 from bench.measure.serving.stream import ENDPOINT_PATHS, RequestSpec
+from bench.models import load_model, resolve_device
 from bench.settings import RunSettings
 from tasks import task_of
 from tasks.prompts import build_prompt

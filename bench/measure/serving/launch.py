@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from bench.artifacts import PROJECT_ROOT, package_dir
 from bench.config import compose_checked
 from bench.errors import ConfigError, MissingArtifactError
-from bench.models import dequantized_gguf
 from bench.measure.serving.http import get_text
+from bench.models import dequantized_gguf
 from methods.sps.draft import standalone_draft
 
 POLL_SECONDS = 0.2
@@ -90,9 +90,10 @@ def draft_of(cfg: DictConfig) -> str:
 
 class LaunchedServer:
     """`with LaunchedServer(command, url, health_path, log, deadline, env):` starts `command` (shell, own process
-    group, in the project root, with environment `env` (default: this process's), stdout and stderr to `log`), waits until GET url+health_path answers 200 (MissingArtifactError after
-    `deadline` seconds or when the process exits first, naming the log) and stops the group on leaving, also after an
-    exception or Ctrl-C: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS."""
+    group, in the project root, with environment `env` (default: this process's), stdout and stderr to `log`),
+    waits until GET url+health_path answers 200 (MissingArtifactError after `deadline` seconds or when the process
+    exits first, naming the log) and stops the group on leaving, also after an exception or Ctrl-C: SIGTERM, then
+    SIGKILL after STOP_GRACE_SECONDS."""
 
     def __init__(self, command: str, url: str, health_path: str, log: Path, deadline: float,
                  env: dict[str, str] | None = None):
