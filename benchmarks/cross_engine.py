@@ -5,6 +5,7 @@ by side, and where the engines' per-position acceptance differs by more than --t
 
     bash benchmarks/build_vllm_cpu.sh      # once
     python -m benchmarks.cross_engine [--k 3] [--task all] [--limit 5] [--max-new-tokens 128] [--heads eagle3,sps]
+    python -m benchmarks.cross_engine --no-run ...    # compare the runs already made
 
 Runs go to results/cross_engine/<model>/<head>-k<k>/<engine>/ (resumed where they stopped); the report picks them up
 (python -m bench.report results/cross_engine). Differences and their causes: docs/parity.md (Same head, two engines).
@@ -19,11 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
+from bench.records import read_jsonl
 
-# Per head: our engine's method as a chain of k drafts, and the vLLM server loading the same head or draft.
+# Per head: our engine's method as a chain of k drafts, and the vLLM server loading the same head or draft. EAGLE's
+# tree knobs count as upstream's do: total_token verified tokens with the root (k drafts: k + 1), levels 1 + depth.
 HEADS = {
-    "eagle3": (["method=eagle3", "method.drafter.depth={k}", "method.drafter.top_k=1",
-                "method.drafter.total_token={k}"],
+    "eagle3": (["method=eagle3", "method.drafter.depth={k_minus_1}", "method.drafter.top_k=1",
+                "method.drafter.total_token={k_plus_1}"],
                ["backend=server", "server=vllm_cpu_eagle3", "server.num_speculative_tokens={k}"]),
     "sps": (["method=sps", "method.drafter.num_draft_tokens={k}", "method.drafter.adaptive=false"],
             ["backend=server", "server=vllm_cpu_draft", "server.num_speculative_tokens={k}"]),
@@ -40,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=5, help="questions per task")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tolerance", type=float, default=0.02, help="per-position acceptance gap that is flagged")
+    parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "cross_engine")
     return parser.parse_args(argv)
 
@@ -51,7 +55,8 @@ def run_dir(args: argparse.Namespace, head: str, engine: str) -> Path:
 def bench_command(args: argparse.Namespace, head: str, engine: str) -> list[str]:
     """`python -m bench ...` for one head in one engine, greedy, on the shared prompts."""
     overrides = HEADS[head][ENGINES.index(engine)]
-    return [sys.executable, "-m", "bench", *(o.format(k=args.k) for o in overrides), f"model={args.model}",
+    filled = (o.format(k=args.k, k_plus_1=args.k + 1, k_minus_1=args.k - 1) for o in overrides)
+    return [sys.executable, "-m", "bench", *filled, f"model={args.model}",
             f"task={args.task}", f"task.limit={args.limit}", f"gen.max_new_tokens={args.max_new_tokens}",
             "gen.temperature=0", f"out_dir={run_dir(args, head, engine)}"]
 
@@ -66,19 +71,68 @@ def overall_row(folder: Path, head: str, engine: str, k: int) -> dict:
             "exact": row.exact_match}
 
 
-def side_by_side(rows: list[dict], k: int, tolerance: float) -> tuple[pd.DataFrame, list[str]]:
-    """The rows as a table, and one line per head and position where the engines differ by more than `tolerance`."""
-    table, flagged = pd.DataFrame(rows), []
-    for head, pair in table.groupby("head", sort=False):
-        if len(pair) != 2:
-            continue
+def turn_steps(record: dict) -> list[tuple[list[int], list[int]]]:
+    """(token ids, step lengths) of each turn of an answer record (accept_lengths holds every turn's, in order)."""
+    choice, out, start = record["choices"][0], [], 0
+    for ids, steps in zip(choice["token_ids"], choice["decoding_steps"]):
+        out.append((ids, choice["accept_lengths"][start:start + steps]))
+        start += steps
+    return out
+
+
+def shared_text(ours: Path, vllm: Path) -> tuple[int, int, dict[str, list[int]], tuple[int, int]]:
+    """Over the turns whose tokens both engines produce alike (their greedy texts may part where float32 arithmetic
+    differs): the turns compared and in all, each engine's accepted drafts per decode step on them, and
+    (steps both start at the same position, how many of those accepted as many drafts in both): the same head on the
+    same context must agree, whatever the steps before (a turn's last step, which the length limit may cut, left
+    out)."""
+    theirs = {r["question_id"]: turn_steps(r) for r in read_jsonl(vllm / "answers.jsonl")}
+    accepts: dict[str, list[int]] = {"ours": [], "vllm": []}
+    turns = alike = shared = agreed = 0
+    for record in read_jsonl(ours / "answers.jsonl"):
+        for (ids, mine), (other_ids, other) in zip(turn_steps(record), theirs.get(record["question_id"], [])):
+            turns += 1
+            if ids != other_ids:
+                continue
+            alike += 1
+            accepts["ours"] += [a - 1 for a in mine[1:]]
+            accepts["vllm"] += [a - 1 for a in other[1:]]
+            starts = [step_starts(lengths, len(ids)) for lengths in (mine, other)]
+            common = starts[0].keys() & starts[1].keys()
+            shared += len(common)
+            agreed += sum(starts[0][p] == starts[1][p] for p in common)
+    return alike, turns, accepts, (shared, agreed)
+
+
+def step_starts(lengths: list[int], new_tokens: int) -> dict[int, int]:
+    """{position a decode step starts at: its length}, the prefill's step and the turn's last step left out."""
+    starts, position = {}, lengths[0] if lengths else 0
+    for length in lengths[1:]:
+        if position + length < new_tokens:
+            starts[position] = length
+        position += length
+    return starts
+
+
+def shared_rows(head: str, accepts: dict[str, list[int]], k: int) -> list[dict]:
+    """Per-position acceptance of each engine over the turns both wrote alike (the comparison that can be fair)."""
+    return [{"head": head, "engine": f"{engine}, same text", "#MAT": 1 + sum(steps) / len(steps) if steps else None,
+             **{f"pos{j}": sum(a >= j for a in steps) / len(steps) if steps else None for j in range(1, k + 1)}}
+            for engine, steps in accepts.items()]
+
+
+def flag_gaps(table: pd.DataFrame, k: int, tolerance: float) -> list[str]:
+    """One line per head and position where vLLM's acceptance on the shared text differs from ours by more than
+    `tolerance`."""
+    flagged = []
+    for head, pair in table[table.engine.str.endswith("same text")].groupby("head", sort=False):
         ours, vllm = pair.iloc[0], pair.iloc[1]
         for j in range(1, k + 1):
             gap = vllm[f"pos{j}"] - ours[f"pos{j}"]
             if abs(gap) > tolerance:
                 flagged.append(f"{head}: position {j} accepted at {ours[f'pos{j}']:.3f} in ours, "
-                               f"{vllm[f'pos{j}']:.3f} in vLLM ({gap:+.3f})")
-    return table, flagged
+                               f"{vllm[f'pos{j}']:.3f} in vLLM ({gap:+.3f}) on the same text")
+    return flagged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,19 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"--heads: unknown {', '.join(unknown)}; choose from {', '.join(HEADS)}", file=sys.stderr)
         return 2
-    rows = []
+    rows, notes = [], []
     for head in heads:
         for engine in ENGINES:
             command = bench_command(args, head, engine)
             print("$ " + " ".join(command[1:]), flush=True)
-            if subprocess.run(command, cwd=PROJECT_ROOT).returncode != 0:
+            if not args.no_run and subprocess.run(command, cwd=PROJECT_ROOT).returncode != 0:
                 print(f"{head} in {engine} failed (its output is above)", file=sys.stderr)
                 return 1
             rows.append(overall_row(run_dir(args, head, engine), head, engine, args.k))
-    table, flagged = side_by_side(rows, args.k, args.tolerance)
+        alike, turns, accepts, steps = shared_text(run_dir(args, head, "ours"), run_dir(args, head, "vllm"))
+        rows += shared_rows(head, accepts, args.k)
+        notes.append(f"{head}: {alike} of {turns} turns have the same text in both engines; on them {steps[0]} steps "
+                     f"start at the same position, {steps[1]} ({steps[1] / max(steps[0], 1):.1%}) accepting as "
+                     f"many drafts in both")
+    table = pd.DataFrame(rows)
+    flagged = flag_gaps(table, args.k, args.tolerance)
     print(f"\nSame head, two engines: {args.model}, chain of k={args.k}, greedy, task={args.task} "
           f"limit={args.limit}, max_new_tokens={args.max_new_tokens}")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\n".join(notes))
     print("\n".join(["", f"per-position acceptance differs by more than {args.tolerance:g}:", *flagged]) if flagged
           else f"\nper-position acceptance within {args.tolerance:g} for every head")
     return 0

@@ -35,8 +35,9 @@ class FakeEngine:
 
     def __init__(self, vocab: int = 300, bend_at: int | None = None, timings: bool = False, counters: str | None = None,
                  hold: int = 0, decode=None, token_ids: bool = True, sglang_fields: str = "2026",
-                 incremental: bool = False):
+                 incremental: bool = False, request_metrics: bool = False):
         self.vocab, self.bend_at, self.timings, self.prefix = vocab, bend_at, timings, counters
+        self.request_metrics = request_metrics  # vLLM's per-request metrics.speculative_decoding in the usage chunk
         self.token_ids, self.sglang_fields, self.incremental = token_ids, sglang_fields, incremental
         self.decode = decode or (lambda ids: "".join(f" t{i}" for i in ids))
         self.barrier = threading.Barrier(hold, timeout=30) if hold > 1 else None
@@ -164,7 +165,12 @@ class Handler(BaseHTTPRequestHandler):
             {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
         if engine.timings:
             last["timings"] = timings
-        self.wfile.write(f"data: {json.dumps(last)}\n\n".encode() + (b"" if native else b"data: [DONE]\n\n"))
+        self.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
+        if engine.request_metrics and (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"choices": [], "usage": {"completion_tokens": len(ids)},
+                     "metrics": {"speculative_decoding": vllm_request_metrics(len(ids))}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
+        self.wfile.write(b"" if native else b"data: [DONE]\n\n")
 
 
     def stream_sglang(self, body: dict) -> None:
@@ -224,6 +230,20 @@ class Handler(BaseHTTPRequestHandler):
     def send_event(self, event: dict) -> None:
         self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.flush()
+
+
+def vllm_request_metrics(n: int) -> dict:
+    """vLLM's per-request metrics.speculative_decoding (--per-request-spec-decode-metrics detailed) for a turn of n
+    tokens: as vLLM, the last step's accepted drafts are counted before max_tokens cuts them (ACCEPT_PATTERN's value,
+    not speculate's capped one)."""
+    accepts = speculate(n)
+    if accepts:
+        accepts[-1] = ACCEPT_PATTERN[(len(accepts) - 1) % len(ACCEPT_PATTERN)]
+    histogram = [sum(a == j for a in accepts) for j in range(DRAFT_WIDTH + 1)]
+    return {"mean_acceptance_length": 1 + sum(accepts) / max(1, len(accepts)), "acceptance_histogram": histogram,
+            "num_spec_steps": len(accepts), "num_accepted_draft_tokens": sum(accepts),
+            "num_draft_tokens": DRAFT_WIDTH * len(accepts), "num_spec_tokens": DRAFT_WIDTH,
+            "per_step_accepted": accepts, "per_step_drafted": [DRAFT_WIDTH] * len(accepts)}
 
 
 def tgi_metrics_text(steps: int, skipped: int) -> str:

@@ -368,6 +368,23 @@ def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
     assert len(list(out.glob("batch_sweep-*.png"))) == 1
 
 
+def test_sweeps_of_two_backends_share_one_figure(tmp_path):
+    """pld swept over batch 1 and 2 in our engine, and a server's speculation over concurrency 1 and 2 (written
+    with device server:vllm as a server run's meta.json has it): a sweep table each, and one figure of both."""
+    everything = {q: 1.0 for q, _ in QUESTIONS}
+    for size, factor in ((1, 1.5), (2, 1.1)):
+        method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [1, 3, 3, 3, 2],
+                   batch_size=size, dtype="float32")
+        method_run(tmp_path / f"vllm-c{size}", "vllm_cpu_ngram", {q: factor - 0.2 for q in everything},
+                   [1, 2, 2, 2, 2, 2], batch_size=size, dtype="float32", device="server:vllm")
+    out = tmp_path / "report"
+    write_report(tmp_path, out)
+    text = (out / "leaderboard.md").read_text()
+    assert text.count("## Batch-size sweep") == 2
+    assert "## Batch and concurrency sweeps across backends: m · max_new_tokens 32" in text
+    assert len(list(out.glob("batch_sweeps_across_backends-*.png"))) == 1
+
+
 def test_backends_of_one_model_are_compared_side_by_side():
     from bench.report.tables import backend_comparisons, backend_table
 

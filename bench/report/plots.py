@@ -132,18 +132,26 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str) ->
 def plot_batch_sweep(sweep: pd.DataFrame, path: Path, title: str) -> None:
     """Throughput speedup over the baseline at the same batch size against batch size, a line per method with its
     95% intervals, and the baseline's 1.0 line."""
+    plot_batch_sweeps([sweep], path, title)
+
+
+def plot_batch_sweeps(sweeps: list[pd.DataFrame], path: Path, title: str) -> None:
+    """plot_batch_sweep's lines for several sweeps in one figure (our engine's batch sweep beside a serving
+    engine's concurrency sweep), each line labelled with its method and, for more than one sweep, its backend."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for method, rows in sweep[sweep.method.isin(swept_methods(sweep))].groupby("method", sort=False):
-        rows = rows.sort_values("batch_size")
-        errors = [rows.speedup - rows.speedup_ci_low, rows.speedup_ci_high - rows.speedup]
-        ax.errorbar(rows.batch_size, rows.speedup, yerr=None if rows.speedup_ci_low.isna().all() else errors,
-                    marker="o", capsize=3, label=method)
-    sizes = sorted(sweep.batch_size.unique())
+    for sweep in sweeps:
+        where = f" ({sweep.device.iloc[0]}, {sweep.dtype.iloc[0]})" if len(sweeps) > 1 else ""
+        for method, rows in sweep[sweep.method.isin(swept_methods(sweep))].groupby("method", sort=False):
+            rows = rows.sort_values("batch_size")
+            errors = [rows.speedup - rows.speedup_ci_low, rows.speedup_ci_high - rows.speedup]
+            ax.errorbar(rows.batch_size, rows.speedup, yerr=None if rows.speedup_ci_low.isna().all() else errors,
+                        marker="o", capsize=3, label=method + where)
+    sizes = sorted({b for sweep in sweeps for b in sweep.batch_size.unique()})
     ax.plot(sizes, [1.0] * len(sizes), color="black", linestyle="--", linewidth=1, label="vanilla")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.set_xlabel("batch size (sequences decoded at once)")
+    ax.set_xlabel("batch size (sequences decoded at once; a server's concurrency)")
     ax.set_ylabel("throughput speedup over vanilla at that batch size")
     _title(ax, title)
     ax.legend(fontsize=8)

@@ -19,6 +19,7 @@ from bench.report.plots import (
     plot_accept_by_position,
     plot_accept_histogram,
     plot_batch_sweep,
+    plot_batch_sweeps,
     plot_forward_time,
     plot_predicted_vs_measured,
     plot_speedup_by_task,
@@ -39,6 +40,7 @@ from bench.report.tables import (
     markdown,
     profiles_of,
     setting_facts,
+    sweeps_across_backends,
     table_warnings,
     wide_table,
 )
@@ -130,8 +132,13 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         acc_md += section["acceptance_md"]
         page.append(section["html"])
         acceptance_rows.append(section["acceptance"])
-    for sweep in batch_sweeps(board):
+    sweeps = batch_sweeps(board)
+    for sweep in sweeps:
         sweep_md, sweep_html = sweep_section(out, sweep)
+        md += sweep_md
+        page.append(sweep_html)
+    for together in sweeps_across_backends(sweeps):
+        sweep_md, sweep_html = sweeps_across_section(out, together)
         md += sweep_md
         page.append(sweep_html)
     for comparison in backend_comparisons(board):
@@ -209,6 +216,18 @@ def sweep_section(out: Path, sweep: pd.DataFrame) -> tuple[list[str], str]:
     md = [f"## Batch-size sweep: {title}", "", BATCH_NOTES, "", markdown(table), "", f"![batch sweep]({name})", ""]
     page = (f"<h2>Batch-size sweep: {html.escape(title)}</h2><p>{html.escape(BATCH_NOTES)}</p>"
             + _html_table(table) + f"<figure><img src='{html.escape(name)}' alt='batch sweep'></figure>")
+    return md, page
+
+
+def sweeps_across_section(out: Path, sweeps: list[pd.DataFrame]) -> tuple[list[str], str]:
+    """One figure of the batch and concurrency sweeps of one model and max_new_tokens on different backends."""
+    first = sweeps[0].iloc[0].to_dict()
+    title = f"{first['model']} · max_new_tokens {first['max_new_tokens']}"
+    name = f"batch_sweeps_across_backends-{slug(sweeps[0].assign(batch_size=1, device='all'), set())}.png"
+    plot_batch_sweeps(sweeps, out / name, title)
+    md = [f"## Batch and concurrency sweeps across backends: {title}", "", f"![sweeps across backends]({name})", ""]
+    page = (f"<h2>Batch and concurrency sweeps across backends: {html.escape(title)}</h2>"
+            f"<figure><img src='{html.escape(name)}' alt='sweeps across backends'></figure>")
     return md, page
 
 

@@ -227,6 +227,17 @@ def batch_sweeps(board: pd.DataFrame) -> list[pd.DataFrame]:
     return [group for _, group in groups if group.batch_size.nunique() > 1]
 
 
+def sweeps_across_backends(sweeps: list[pd.DataFrame]) -> list[list[pd.DataFrame]]:
+    """The sweeps that share model, max_new_tokens and temperature but ran on different backends (device or dtype),
+    grouped: each group is drawn in one figure."""
+    groups: dict[tuple, list[pd.DataFrame]] = {}
+    for sweep in sweeps:
+        first = sweep.iloc[0]
+        groups.setdefault((first.model, first.max_new_tokens, first.temperature), []).append(sweep)
+    return [group for group in groups.values()
+            if len({(s.device.iloc[0], s.dtype.iloc[0]) for s in group}) > 1]
+
+
 def swept_methods(sweep: pd.DataFrame) -> list[str]:
     """The methods (vanilla aside) run at two or more of the sweep's batch sizes, by name (variants together)."""
     counts = sweep.groupby("method").batch_size.nunique()

@@ -125,7 +125,8 @@ def standalone_draft(path: str | Path, target_dir: Path) -> Path:
     tokenizer, written once into the cache (keyed by both folders' fingerprints); any other draft is returned as is."""
     local = resolve_draft_path(path)
     if local is None or not (local / "config.json").exists():
-        raise MissingArtifactError(f"SpS draft not found at {path}; make it with: python -m bench.train method=sps")
+        raise MissingArtifactError(f"no draft at {path} (a local folder with config.json); train it (python -m "
+                                   f"bench.train method=<its method>) or point the config at another")
     config = json.loads((local / "config.json").read_text())
     if not config.get(SHARED_FLAG):
         return local

@@ -1,0 +1,45 @@
+"""benchmarks/cross_engine.py's comparison: the commands it runs for one head in two engines, and how it compares
+their acceptance on the turns both engines wrote alike (records made up here)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from benchmarks.cross_engine import bench_command, flag_gaps, parse_args, shared_rows, shared_text, step_starts
+
+
+def write_answers(folder, turns: list[tuple[list[int], list[int]]], question_id: int = 1) -> None:
+    """One answer record whose turns have these (token ids, step lengths)."""
+    folder.mkdir(parents=True)
+    choice = {"token_ids": [ids for ids, _ in turns], "decoding_steps": [len(steps) for _, steps in turns],
+              "accept_lengths": [n for _, steps in turns for n in steps]}
+    (folder / "answers.jsonl").write_text(json.dumps({"question_id": question_id, "choices": [choice]}) + "\n")
+
+
+def test_eagle_chain_of_k_counts_its_knobs_as_upstream():
+    command = bench_command(parse_args(["--k", "3"]), "eagle3", "ours")
+    assert {"method=eagle3", "method.drafter.depth=2", "method.drafter.top_k=1",
+            "method.drafter.total_token=4"} <= set(command)
+    server = bench_command(parse_args(["--k", "3"]), "eagle3", "vllm")
+    assert "server.num_speculative_tokens=3" in server and "gen.temperature=0" in server
+
+
+def test_step_starts_leave_out_the_prefill_and_the_last_step():
+    assert step_starts([1, 3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}
+
+
+def test_shared_text_compares_only_turns_written_alike(tmp_path):
+    same, other = list(range(10)), list(range(9)) + [99]
+    write_answers(tmp_path / "ours", [(same, [1, 3, 1, 2, 3]), (other, [1, 4, 4, 1])])
+    write_answers(tmp_path / "vllm", [(same, [1, 3, 2, 2, 1, 1]), (same, [1, 9])])
+    alike, turns, accepts, (shared, agreed) = shared_text(tmp_path / "ours", tmp_path / "vllm")
+    assert (alike, turns) == (1, 2)
+    assert accepts == {"ours": [2, 0, 1, 2], "vllm": [2, 1, 1, 0, 0]}
+    assert (shared, agreed) == (2, 1)  # steps at 1 (3 and 3) and 4 (1 and 2); at 5 and 6 only one engine's
+    rows = pd.DataFrame(shared_rows("eagle3", accepts, 2))
+    assert rows.pos1.tolist() == [0.75, 0.6] and rows.pos2.tolist() == [0.5, 0.2]
+    assert rows["#MAT"].tolist() == [2.25, 1.8]
+    assert flag_gaps(rows, 2, 0.2) == ["eagle3: position 2 accepted at 0.500 in ours, 0.200 in vLLM (-0.300) on "
+                                       "the same text"]
+    assert flag_gaps(rows, 2, 0.31) == []
