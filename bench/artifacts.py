@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from bench.errors import MissingArtifactError
@@ -47,3 +48,20 @@ def artifact_fingerprint(path: str | Path) -> str:
 def cache_dir() -> Path:
     """Where derived files (dequantized models, datastores) live: $SPECBENCH_CACHE or ~/.cache/specbench."""
     return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
+
+
+def partial_folder(out: Path) -> Path:
+    """A fresh folder beside `out` to write its files into before publish_folder makes it `out`."""
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def publish_folder(tmp: Path, out: Path) -> Path:
+    """Rename `tmp` to `out` in one step, so that no reader sees half a folder; where another process published
+    `out` first, `tmp` is dropped. Returns `out`."""
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same copy first
+        shutil.rmtree(tmp)
+    return out

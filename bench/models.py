@@ -1,15 +1,13 @@
 """Load the target model and tokenizer named by a `conf/model/*.yaml` config."""
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench.artifacts import cache_dir, package_dir
+from bench.artifacts import cache_dir, package_dir, partial_folder, publish_folder
 from bench.errors import ConfigError, MissingArtifactError
 from tasks.prompts import set_prompt_format
 
@@ -83,8 +81,7 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     print(f"dequantizing {gguf.name} once into {out}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=cfg.gguf_file, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=cfg.gguf_file)
-    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = partial_folder(out)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -94,11 +91,7 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished the same copy first
-        shutil.rmtree(tmp)
-    return out
+    return publish_folder(tmp, out)
 
 
 def context_window(model) -> int | None:

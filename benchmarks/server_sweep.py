@@ -1,6 +1,7 @@
 """A serving engine's concurrency sweep with its servers launched once: the harness's launcher starts the speculative
 server and its baseline (as `python -m bench backend=server server=<name>` would, for every point of a sweep), then
-`python -m bench -m ... server.concurrency=<list>` runs each concurrency against them, then both stop. Throughput
+`python -m bench -m ... server.reuse_running=true server.concurrency=<list>` runs each concurrency against them
+(records and labels as launched runs: the launch commands stay in the config), then both stop. Throughput
 speedup per concurrency lands in the report's batch table and plot (a server run's batch size is its concurrency).
 
     python -m benchmarks.server_sweep --server vllm_cpu_ngram --concurrency 1,2,4,8 -- task=all task.limit=2
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launching {url}: {filled}", flush=True)
             servers.enter_context(LaunchedServer(filled, url, server.health_path, logs / log,
                                                  float(server.ready_timeout_s), env))
-        sweep = [sys.executable, "-m", "bench", "-m", *shared, "server.launch=null", "server.baseline_launch=null",
+        sweep = [sys.executable, "-m", "bench", "-m", *shared, "server.reuse_running=true",
                  f"server.concurrency={args.concurrency}"]
         print("$ " + " ".join(sweep[1:]), flush=True)
         return subprocess.run(sweep, cwd=PROJECT_ROOT).returncode

@@ -146,3 +146,14 @@ def test_without_tie_check_a_server_divergence_says_why_no_tie_is_told(compose, 
         run(compose(*server_args("vllm", spec, base_url), "task=qa", "task.limit=1"))
     divergence = read_jsonl(tmp_path / "run" / "answers.jsonl")[0]["divergence"]
     assert divergence["logit_gap"] is None and "no logits" in divergence["reason"]
+
+
+def test_reuse_running_servers_are_not_launched_again(compose, tokenizer, tmp_path):
+    with ExitStack() as stack:
+        spec, base_url = serve(stack, tokenizer), serve(stack, tokenizer)
+        run(compose("backend=server", "server=vllm_cpu_ngram", f"server.url={spec}", f"server.baseline_url={base_url}",
+                    "server.binary=/nonexistent/python", "server.reuse_running=true", "server.tie_check=false",
+                    "task=qa", "task.limit=1"))
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["server"]["launched"] == [] and meta["server"]["launch"].startswith("{binary} -m vllm")
+    assert not (tmp_path / "run" / "server.log").exists()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from bench.artifacts import artifact_fingerprint, cache_dir, resolve_artifact_path
+from bench.artifacts import artifact_fingerprint, cache_dir, partial_folder, publish_folder, resolve_artifact_path
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from methods.heads.common import key_summary, load_strictly, read_tensors
 
@@ -120,9 +119,10 @@ def _pretrained_strictly(source: str, dtype: torch.dtype, train_command: str):
 
 
 def standalone_draft(path: str | Path, target_dir: Path) -> Path:
-    """A copy of the draft at `path` that any engine loads on its own: a draft sharing the target's embedding (and
-    tied LM head) gets the target's `model.embed_tokens.weight` (from `target_dir`, a safetensors folder) and its
-    tokenizer, written once into the cache (keyed by both folders' fingerprints); any other draft is returned as is."""
+    """A copy of the draft at `path` that any engine loads on its own: a draft sharing the target's embedding and LM
+    head gets the target's `model.embed_tokens.weight` (and `lm_head.weight` where they are not tied; from
+    `target_dir`, a safetensors folder) and its tokenizer, written once into the cache (keyed by both folders'
+    fingerprints); any other draft is returned as is."""
     local = resolve_draft_path(path)
     if local is None or not (local / "config.json").exists():
         raise MissingArtifactError(f"no draft at {path} (a local folder with config.json); train it (python -m "
@@ -136,18 +136,15 @@ def standalone_draft(path: str | Path, target_dir: Path) -> Path:
         return out
     fix = "remake it with: python -m bench.train method=sps"
     state = {k: v.float() for k, v in read_tensors(local / "model.safetensors", fix).items()}
-    state["model.embed_tokens.weight"] = read_tensors(target_dir / "model.safetensors", "")[
-        "model.embed_tokens.weight"].float()
-    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
+    target = read_tensors(target_dir / "model.safetensors", "")
+    tied = config.get("tie_word_embeddings", True)  # the target's, copied into the draft's config
+    for name in ("model.embed_tokens.weight",) if tied else ("model.embed_tokens.weight", "lm_head.weight"):
+        state[name] = target[name].float()
+    tmp = partial_folder(out)
     config = {k: v for k, v in config.items() if not k.startswith("specbench_")}
-    (tmp / "config.json").write_text(json.dumps({**config, "dtype": "float32", "tie_word_embeddings": True}, indent=2))
+    (tmp / "config.json").write_text(json.dumps({**config, "dtype": "float32"}, indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
         if (target_dir / name).exists():
             shutil.copy(target_dir / name, tmp / name)
     save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished the same copy first
-        shutil.rmtree(tmp)
-    return out
+    return publish_folder(tmp, out)

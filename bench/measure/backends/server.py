@@ -95,13 +95,14 @@ class ServerBackend(Backend):
         self.launched: list[str] = []
 
     def open(self, resources: ExitStack) -> None:
-        """Launch the configured servers (stopped when `resources` closes) and check that each side answers."""
+        """Launch the configured servers (stopped when `resources` closes; with server.reuse_running they already
+        run) and check that each side answers."""
         server, out_dir = self.cfg.server, Path(self.settings.out_dir)
         env = launch_environment(self.cfg)
         launches = {METHOD: (server.launch, "server.log"), BASELINE: (server.baseline_launch, "baseline_server.log")}
         for side, endpoint in self.endpoints.items():
             command, log = launches[side]
-            if command:
+            if command and not server.get("reuse_running"):
                 filled = launch_command(self.cfg, command)
                 self.launched.append(filled)
                 resources.enter_context(LaunchedServer(filled, endpoint.url, server.health_path, out_dir / log,
