@@ -63,6 +63,11 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos]) - {None}
 
 
+def model_folder(model: DictConfig) -> Path:
+    """The folder holding a model's files: its installed package's (model.package), else model.path."""
+    return package_dir(model.package, model.install_hint) if model.get("package") else Path(model.path)
+
+
 def dequantized_gguf(cfg: DictConfig) -> Path:
     """A plain float32 safetensors copy of the configured GGUF model, made on first use.
 
@@ -71,7 +76,7 @@ def dequantized_gguf(cfg: DictConfig) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = package_dir(cfg.package, cfg.install_hint) if cfg.get("package") else Path(cfg.path)
+    directory = model_folder(cfg)
     gguf = directory / cfg.gguf_file
     if not gguf.exists():
         raise MissingArtifactError(f"GGUF file {gguf} not found; fix: {cfg.install_hint}")
@@ -142,6 +147,6 @@ def load_tokenizer(model_cfg):
     from transformers import AutoTokenizer
 
     if model_cfg.get("gguf_file"):
-        source = package_dir(model_cfg.package, model_cfg.install_hint) if model_cfg.get("package") else model_cfg.path
+        source = model_folder(model_cfg)
         return AutoTokenizer.from_pretrained(source, gguf_file=model_cfg.gguf_file)
     return AutoTokenizer.from_pretrained(model_cfg.path)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from bench.artifacts import PROJECT_ROOT, package_dir
+from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_checked
 from bench.errors import ConfigError, MissingArtifactError
 from bench.measure.serving.http import get_text
-from bench.models import dequantized_gguf
+from bench.models import dequantized_gguf, model_folder
 from methods.sps.draft import standalone_draft
 
 POLL_SECONDS = 0.2
@@ -59,11 +59,6 @@ def launch_environment(cfg: DictConfig) -> dict[str, str]:
     """The launched servers' environment: this process's, plus server.env with its placeholders filled."""
     extra = {str(k): fill_placeholders(cfg, str(v)) for k, v in (cfg.server.get("env") or {}).items()}
     return {**os.environ, **extra}
-
-
-def model_folder(model: DictConfig) -> Path:
-    """The folder holding the model's files: its installed package's, else model.path."""
-    return package_dir(model.package, model.install_hint) if model.get("package") else Path(model.path)
 
 
 def model_weights_dir(model: DictConfig) -> Path:
