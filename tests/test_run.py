@@ -13,6 +13,7 @@ import torch
 
 import bench.measure.run
 from bench.artifacts import PROJECT_ROOT
+from bench.engine.drafter import Drafter
 from bench.engine.loop import StopCondition, TurnOutput
 from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
 from bench.measure.exactness import find_divergence
@@ -98,6 +99,8 @@ def test_repeats_time_every_turn_n_times_and_keep_the_median(compose, tmp_path, 
 class FlakyEngine:
     """An engine whose second decode of a prompt gives other tokens, as a nondeterministic kernel might."""
 
+    drafter = None
+
     def __init__(self):
         self.calls = 0
 
@@ -113,6 +116,66 @@ def test_repeats_that_give_other_tokens_are_refused(compose):
     decoder = QuestionDecoder(FlakyEngine(), tokenizer, StopCondition(8), torch.device("cpu"), repeats=2)
     with pytest.raises(RepeatMismatchError, match="question 7 turn 0: repeat 2 of 2 gave other tokens"):
         decoder({"question_id": 7, "turns": ["hi"]}, seed=0)
+
+
+class LearningDrafter(Drafter):
+    """A drafter that learns across prompts: it counts the turns it was started on."""
+
+    learns_across_prompts = True
+
+    def __init__(self):
+        self.turns_seen = 0
+
+    def start(self, prompt_ids):
+        self.turns_seen += 1
+
+    def learned_state(self):
+        return self.turns_seen
+
+    def restore_learned_state(self, state):
+        self.turns_seen = state
+
+
+class LearningEngine:
+    """An engine that starts its drafter on each decode, as SpeculativeEngine does."""
+
+    def __init__(self):
+        self.drafter, self.seen_at_start = LearningDrafter(), []
+
+    def generate(self, prompt, stop, seed=None):
+        self.seen_at_start.append(self.drafter.turns_seen)
+        self.drafter.start(prompt)
+        return TurnOutput(tokens=[1, 2, 3], accept_lengths=[1, 1, 1])
+
+
+def test_repeats_of_a_turn_start_from_what_the_drafter_knew_before_the_first(compose):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(compose().model.path)
+    engine = LearningEngine()
+    decoder = QuestionDecoder(engine, tokenizer, StopCondition(8), torch.device("cpu"), repeats=3)
+    decoder({"question_id": 7, "turns": ["hi", "and then?"]}, seed=0)
+    assert engine.seen_at_start == [0, 0, 0, 1, 1, 1]  # each turn learned once, every repeat from the same state
+    assert engine.drafter.turns_seen == 2
+
+
+def test_a_drafter_that_learns_across_prompts_is_warmed_up_as_spec_bench_and_says_so(compose, tmp_path, monkeypatch):
+    from bench.measure.backends import engine as engine_backend
+
+    decoded = []
+    decode_group = engine_backend.decode_group
+    monkeypatch.setattr(engine_backend, "decode_group", lambda decoder, group, seeds: decoded.append(
+        [q["question_id"] for q in group]) or decode_group(decoder, group, seeds))
+    run(compose("method=recycling", "method.drafter.carry_over=true", "task=mt_bench", "task.limit=2"))
+    first = read_jsonl(tmp_path / "run" / "answers.jsonl")[0]["question_id"]
+    assert decoded[:3] == [[first]] * 3 and len(decoded) == 3 + 2 * 2  # then each question on both sides
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["drafter_learns_across_prompts"] is True
+    assert meta["warm_up"] == "the first question, all turns, 3 times (Spec-Bench's)"
+    run(compose("method=recycling", "method.drafter.carry_over=false", "task=mt_bench", "task.limit=1",
+                f"out_dir={tmp_path / 'fresh'}"))
+    meta = json.loads((tmp_path / "fresh" / "meta.json").read_text())
+    assert meta["drafter_learns_across_prompts"] is False and meta["warm_up"] == "2 tokens"
 
 
 def sleepy_loader(load_model):

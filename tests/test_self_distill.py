@@ -51,6 +51,36 @@ def test_answers_are_the_targets_own_greedy_generate_output_and_resume_by_shard(
     assert folder == tmp_path / "answers"
 
 
+def test_committed_answers_with_the_same_pins_are_copied_in_not_generated(tiny_checkpoint, corpus, tmp_path,
+                                                                          monkeypatch, one_thread):
+    import methods.heads.self_distill as self_distill
+
+    cfg = distill_config(tiny_checkpoint, corpus, tmp_path)
+    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
+    settings = AnswerSettings.from_config(cfg)
+    committed = tmp_path / "artifacts" / "answers"
+    monkeypatch.setattr(self_distill, "COMMITTED_ANSWERS", committed)
+    made = generate_answers(target, tokenizer, settings)
+    (made / "answers-00000.pt").rename(tmp_path / "kept.pt")  # the committed folder holds shard 0 only, edited
+    (committed / "tiny").mkdir(parents=True)
+    saved = torch.load(tmp_path / "kept.pt")
+    saved["answers"][0] = [7, 7, 7]
+    torch.save(saved, committed / "tiny" / "answers-00000.pt")
+    (committed / "tiny" / "meta.json").write_text(json.dumps({"settings": settings.pins()}))
+    monkeypatch.setattr(self_distill, "greedy_answers", None)  # generating shard 0 again would fail
+    generate_answers(target, tokenizer, settings)
+    assert next(iter(stored_answers(settings)))[1] == [7, 7, 7]  # shard 0 came from the committed folder
+
+    for shard in made.glob("answers-*.pt"):
+        shard.unlink()
+    other = json.loads((committed / "tiny" / "meta.json").read_text())
+    other["settings"]["max_new_tokens"] = 99
+    (committed / "tiny" / "meta.json").write_text(json.dumps(other))
+    monkeypatch.setattr(self_distill, "greedy_answers", lambda *args: [[5]] * len(args[1]))
+    generate_answers(target, tokenizer, settings)  # other pins: the committed shards are not used
+    assert next(iter(stored_answers(settings)))[1] == [5]
+
+
 def test_self_distilled_features_train_on_the_answer_positions(tiny_checkpoint, corpus, tmp_path, one_thread):
     cfg = distill_config(tiny_checkpoint, corpus, tmp_path, "features.seq_len=64",
                          "features.self_distill.max_prompt_tokens=58")  # prompt + answer fit: no context cut

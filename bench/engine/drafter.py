@@ -40,11 +40,22 @@ class Drafter:
       in every row of a batch (each row gets its own row's seed).
     - `artifact`: a fingerprint of the weights or datastore it drafts with (bench.artifacts.artifact_fingerprint),
       part of the run key, so answers made with another artifact are never mixed in; None when it uses none.
+    - `learns_across_prompts`: what it learned from earlier turns shapes its drafts (Token Recycling's matrix kept
+      for the run). The harness then warms it up as Spec-Bench does (bench/measure/backends/engine.py) and starts
+      every repeat of a turn from the same `learned_state()` (bench/measure/decoding.py), so repeats stay repeats.
     """
 
     feature_layers: tuple[int, ...] = ()
     samples: bool = False
     artifact: str | None = None
+    learns_across_prompts: bool = False
+
+    def learned_state(self):
+        """A copy of what it learned across prompts (learns_across_prompts), for restore_learned_state."""
+        return None
+
+    def restore_learned_state(self, state) -> None:
+        """Put back what learned_state() returned."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new turn begins after `prompt_ids` (with `hidden=` and `seed=` as declared above)."""

@@ -30,6 +30,16 @@ class RepeatMismatchError(RuntimeError):
     """Repeats of one turn gave different tokens: its times are not of one decode, so no median is taken."""
 
 
+def rewinder(drafter) -> Callable[[], None]:
+    """What to call before each repeat of a turn after the first: it puts back what a drafter that learns across
+    prompts knew before the first repeat, so that every repeat drafts alike and the turn's lesson is learned once
+    (a no-op for other drafters)."""
+    if drafter is None or not drafter.learns_across_prompts:
+        return lambda: None
+    state = drafter.learned_state()
+    return lambda: drafter.restore_learned_state(state)
+
+
 class QuestionDecoder:
     """Decodes a (multi-turn) question with one engine; turn k is asked with turns < k and the model's answers.
     Each turn is decoded and timed `repeats` times with the same seed; every repeat must give the same tokens.
@@ -62,7 +72,10 @@ class QuestionDecoder:
     def _repeated(self, prompt: list[int], seed: int, where: str):
         """The turn's output (checked equal across repeats) and each repeat's (Timing, [joules])."""
         first, timings = None, []
+        rewind = rewinder(self.engine.drafter)
         for repeat in range(self.repeats):
+            if repeat:
+                rewind()
             with self._metered() as (timing, joules):
                 out = self.engine.generate(prompt, self.stop, seed=seed)
             timings.append((timing, joules))
@@ -144,7 +157,10 @@ class BatchQuestionDecoder(QuestionDecoder):
     def _repeated(self, prompts: list[list[int]], seeds: list[int], where: str):
         """The batch's output (checked equal across repeats) and each repeat's (Timing, [joules])."""
         first, timings = None, []
+        rewind = rewinder(self.engine.drafter)
         for repeat in range(self.repeats):
+            if repeat:
+                rewind()
             with self._metered() as (timing, joules):
                 out = self.engine.generate(prompts, self.stop, seeds)
             timings.append((timing, joules))

@@ -11,22 +11,28 @@ conversations, in file order, through the chat template with the generation prom
 The answers are generated once and kept in their own folder beside the feature cache (`features.self_distill.dir`),
 one shard of `features.shard_sequences` answers at a time (written atomically), so an interrupted generation resumes
 shard by shard and a larger `features.self_distill.num_prompts` only adds shards; its meta.json pins the model and
-settings. A feature sequence is the prompt + answer (its last `features.seq_len` tokens when longer, right-padded
-when shorter) with the mask on the positions whose next token is part of the answer.
+settings. The project commits the answers its heads train on (artifacts/answers/<model>, with a card.json): shards
+found there under the same pins are copied in instead of generated. A feature sequence is the prompt + answer (its
+last `features.seq_len` tokens when longer, right-padded when shorter) with the mask on the positions whose next
+token is part of the answer.
 """
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from bench.artifacts import PROJECT_ROOT
 from bench.corpora import sharegpt_conversations
 from bench.errors import ConfigError
 from bench.models import eos_token_ids
 from methods.heads.common import save_atomically
 from methods.heads.settings import AnswerSettings
+
+COMMITTED_ANSWERS = PROJECT_ROOT / "artifacts" / "answers"  # <model name>/: answers-*.pt, meta.json, card.json
 
 
 def answer_path(folder: Path, shard: int) -> Path:
@@ -67,6 +73,27 @@ def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int, eos: s
     return answers
 
 
+def committed_answers(settings: AnswerSettings) -> Path | None:
+    """The project's committed answers for this target (artifacts/answers/<model name>), when they were made with
+    the same settings (their meta.json pins), else None."""
+    folder = COMMITTED_ANSWERS / str(settings.model.get("name"))
+    meta = folder / "meta.json"
+    if not meta.exists() or json.loads(meta.read_text())["settings"] != settings.pins():
+        return None
+    return folder
+
+
+def copy_committed_shards(settings: AnswerSettings) -> None:
+    """Copy the committed answer shards that `settings.folder` lacks into it, so no stint regenerates them."""
+    committed = committed_answers(settings)
+    if committed is None or committed.resolve() == settings.folder.resolve():
+        return
+    for shard in range(settings.shards):
+        source, copy = answer_path(committed, shard), answer_path(settings.folder, shard)
+        if source.exists() and not copy.exists():
+            shutil.copyfile(source, copy)
+
+
 def generate_answers(target, tokenizer, settings: AnswerSettings) -> Path:
     """Make (or complete) the answer shards for `settings.num_prompts` prompts; returns their folder."""
     from tqdm import tqdm
@@ -78,6 +105,7 @@ def generate_answers(target, tokenizer, settings: AnswerSettings) -> Path:
         raise ConfigError(f"self-distillation answers in {folder} were made with other settings; delete them or set "
                           f"features.self_distill.dir")
     meta.write_text(json.dumps({"settings": settings.pins()}, indent=1) + "\n")
+    copy_committed_shards(settings)
     done = sum(1 for i in range(shards) if answer_path(folder, i).exists())
     if done == shards:
         return folder

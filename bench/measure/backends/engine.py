@@ -24,6 +24,7 @@ from bench.planning.profile import profile_for_run
 from bench.settings import RunSettings
 from tasks.prompts import build_prompt
 
+SPEC_BENCH_WARM_UPS = 3  # Spec-Bench's eval.py decodes its first question this many times before timing
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup",
                    "mean_accepted_tokens", "mean_verified_tokens", "draft_share", "verify_share", "exact_match",
                    "cpu_share"]  # printed at the end of a run; speedup with its interval
@@ -82,7 +83,12 @@ class EngineBackend(Backend):
 
     def warm_up(self, side: str, todo: list[dict]) -> None:
         """Untimed decoding of the first question that fits (warmup_tokens new tokens, never more rows than the
-        first real batch)."""
+        first real batch); a method whose drafter learns across prompts is warmed up as Spec-Bench's eval.py warms
+        every method up, which fills what it learns: the first question, all turns, SPEC_BENCH_WARM_UPS times."""
+        if side == METHOD and self.learns_across_prompts:
+            for _ in range(SPEC_BENCH_WARM_UPS):
+                decode_group(self.decoders[side], todo[:1], [self.settings.seed + q["question_id"] for q in todo[:1]])
+            return
         tokens, seed, context = self.settings.warmup_tokens, self.settings.seed, self.context
         warm_prompts = (build_prompt(self.tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in todo)
         warm_prompt = next((p for p in warm_prompts if context is None or len(p) + tokens <= context), None)
@@ -96,6 +102,11 @@ class EngineBackend(Backend):
             warm_rows = min(self.rows_per_batch, len(todo))
             engine.generate([warm_prompt] * warm_rows, warm_stop, [seed] * warm_rows)
 
+    @property
+    def learns_across_prompts(self) -> bool:
+        """Whether the method's drafter learns across prompts (its rows then depend on the question order)."""
+        return self.decoders[METHOD].engine.drafter.learns_across_prompts
+
     def answer(self, side: str, group: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
         results = decode_group(self.decoders[side], group, seeds)
         self.gpu.sample()
@@ -105,7 +116,14 @@ class EngineBackend(Backend):
         return find_divergence(self.model, turns, baseline, self.settings.model.tie_margin, self.tie_judge())
 
     def provenance(self, started: float) -> dict:
-        return run_metadata(self.cfg, self.settings.model.dtype, self.device, started, self.gpu)
+        """run_metadata, and whether the drafter learned across prompts (warmed up as Spec-Bench; its rows depend on
+        the question order, and a resumed run's drafter knows only the questions it decoded itself)."""
+        meta = run_metadata(self.cfg, self.settings.model.dtype, self.device, started, self.gpu)
+        learns = self.learns_across_prompts
+        meta["drafter_learns_across_prompts"] = learns
+        meta["warm_up"] = (f"the first question, all turns, {SPEC_BENCH_WARM_UPS} times (Spec-Bench's)" if learns
+                           else f"{self.settings.warmup_tokens} tokens") if self.settings.warmup_tokens else None
+        return meta
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
         profile = None if self.run_profile is None else self.run_profile.__dict__
