@@ -3,6 +3,7 @@ linear size, the frozen corpus automaton, and lossless decoding (greedy, sampled
 the EAGLE-2 fallback (the default) and SAM-Decoding's own Token Recycling fallback."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -12,9 +13,17 @@ from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
 from methods.eagle.checkpoints import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
 from methods.eagle.dynamic import Eagle2Drafter
+from methods.heads.self_distill import answer_path
 from methods.recycling import RecyclingDrafter
 from methods.samd import SamdDrafter
-from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
+from methods.suffix_automaton import (
+    SEPARATOR,
+    FrozenAutomaton,
+    Match,
+    SuffixAutomaton,
+    build_corpus_automaton,
+    build_frozen,
+)
 from tests.conftest import make_tiny_model, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
 from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
@@ -93,6 +102,36 @@ def test_missing_corpus_is_refused_naming_the_build_command(tmp_path):
     corpus = {"enabled": True, "path": str(tmp_path / "none.sam"), "auto_build": False}
     with pytest.raises(MissingArtifactError, match="build it with: python -m bench.datastore method=samd"):
         SamdDrafter(corpus=corpus, fallback="none")
+
+
+class EosTokenizer:
+    """What the corpus build reads of a tokenizer when the corpus is the target's answers."""
+
+    eos_token_id, name_or_path = 2, "tiny"
+
+
+def test_answers_corpus_is_prompt_and_answer_with_eos_after_each(tmp_path):
+    """As SAM-Decoding's tools/gen_sam_alpaca.py: each document is prompt + the target's answer, EOS appended unless
+    it ends with one; every shard of the self-distillation folder, in order."""
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    torch.save({"prompts": [[7, 8], [9]], "answers": [[10, 11], [12, 2]]}, answer_path(answers, 0))
+    torch.save({"prompts": [[13]], "answers": [[]]}, answer_path(answers, 1))
+    settings = {"source": "answers", "answers_dir": str(answers), "path": str(tmp_path / "corpus.sam")}
+    corpus = FrozenAutomaton.load(build_corpus_automaton(EosTokenizer(), settings), "build it")
+    assert corpus.tokens.tolist() == [7, 8, 10, 11, 2, SEPARATOR, 9, 12, 2, SEPARATOR, 13, 2, SEPARATOR]
+    meta = json.loads((tmp_path / "corpus.sam" / "meta.json").read_text())
+    assert (meta["corpus"], meta["answers_dir"], meta["documents"]) == ("answers", str(answers), 3)
+
+
+def test_missing_answers_are_refused_naming_the_command(tmp_path):
+    settings = {"source": "answers", "answers_dir": str(tmp_path), "path": str(tmp_path / "corpus.sam")}
+    with pytest.raises(MissingArtifactError) as refused:
+        build_corpus_automaton(EosTokenizer(), settings)
+    assert str(refused.value) == (
+        f"no answers of the target in {tmp_path}; make them with: python -m bench.train method=eagle "
+        "features.source=self_distill (or set method.drafter.corpus.answers_dir, or "
+        "method.drafter.corpus.source=sharegpt)")
 
 
 def test_bad_fallback_is_refused():
