@@ -12,7 +12,8 @@ row's drafts then depend on question order). `carry_over: false` starts each tur
 depend on its own tokens only (order-independent rows). A carried matrix is made with the drafter and shared by
 every copy of it: the rows of a batch (bench/engine/batched.py's fork_drafter) read and refresh one matrix, as
 upstream's single global one, in row order within a step, so a batched run is deterministic given its prompts' order
-(but its rows' drafts differ from batch-1 decoding's).
+(but its rows' drafts differ from batch-1 decoding's). `learned_state` / `restore_learned_state` copy the carried
+matrix out and back, so that the harness starts every repeat of a turn from the same matrix.
 
 Upstream Token Recycling discards the prefill's logits (Spec-Bench `evaluation/inference_recycling.py`: the prompt's
 forward updates nothing); SAM-Decoding's Token Recycling fallback refreshes the matrix from every prompt row
@@ -167,6 +168,15 @@ class RecyclingDrafter(Drafter):
     def learns_across_prompts(self) -> bool:
         """True when one prompt's drafts depend on the prompts decoded before it (the carried matrix)."""
         return self.carry_over
+
+    def learned_state(self) -> torch.Tensor | None:
+        """A copy of the carried matrix (None without carry_over), for restore_learned_state."""
+        return self.matrix.table.clone() if self.carry_over else None
+
+    def restore_learned_state(self, state: torch.Tensor | None) -> None:
+        """Put back what learned_state() returned, in place: every copy sharing the matrix sees it."""
+        if state is not None:
+            self.matrix.table.copy_(state)
 
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         """A new turn; `hidden` ([P, H], the prompt's last hidden states) is given when seed_from_prefill."""

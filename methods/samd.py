@@ -2,7 +2,8 @@
 suffix match in suffix automata, with another drafter for the steps where no match is long enough.
 
 Two automata (methods/suffix_automaton.py): a dynamic one over this sequence's prompt and accepted tokens, grown as
-they are accepted, and an optional static one over a corpus (ShareGPT, built once and cached). Each keeps a match of
+they are accepted, and an optional static one over a corpus (the target's own answers, as SAM-Decoding's tools/ build
+theirs, or ShareGPT turns; built once and cached). Each keeps a match of
 the tokens so far, moved on by each new token in amortised O(1): the decoded length never enters a step's cost.
 Each step matches the root on top of both; the longer match (the corpus match counted `len_bias` tokens shorter; the
 dynamic one wins ties) proposes the chain of the tokens that followed its earliest occurrence, `n_predicts` inputs
@@ -37,8 +38,7 @@ from methods.rest_datastore import datastore_path
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "eagle2", "none")
-# SAM-Decoding's Token Recycling fallback (samd/tree_model/token_recycle/token_recycle.py): the `recycling` knobs'
-# defaults here
+# The `recycling` knobs' defaults: SAM-Decoding's own Token Recycling fallback (its samd/tree_model/token_recycle/)
 RECYCLING_FALLBACK = {"template": "samd", "carry_over": True, "seed_from_prefill": True}
 EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (conf/method_model/samd/<model>.yaml)"
 
@@ -46,10 +46,10 @@ EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (conf/method_model/samd/<mode
 class SamdDrafter(Drafter):
     """SAM-Decoding's drafter (see module doc).
 
-    `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,
-    `max_conversations`; a missing one is built on first use when auto_build is true, else refused naming
-    `build_command`. `recycling`: the knobs of the Token Recycling fallback (over RECYCLING_FALLBACK); `eagle2`:
-    Eagle2Drafter's (checkpoint, total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
+    `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `source`, `answers_dir`, `path`,
+    `auto_build`, `roles`, `max_conversations`; a missing one is built on first use when auto_build is true, else
+    refused naming `build_command`. `recycling`: the knobs of the Token Recycling fallback (over RECYCLING_FALLBACK);
+    `eagle2`: Eagle2Drafter's (checkpoint, total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
     """
 
     knob_rules = {"n_predicts": at_least(2), "len_threshold": at_least(1), "fallback": one_of(*FALLBACKS)}
@@ -74,6 +74,14 @@ class SamdDrafter(Drafter):
     def learns_across_prompts(self) -> bool:
         """True when the fallback carries what it learns from one prompt to the next (SAM-Decoding's recycling)."""
         return getattr(self.fallback, "learns_across_prompts", False)
+
+    def learned_state(self):
+        """What the fallback learned across prompts (None when it learns nothing across them)."""
+        return self.fallback.learned_state() if self.learns_across_prompts else None
+
+    def restore_learned_state(self, state) -> None:
+        if self.learns_across_prompts:
+            self.fallback.restore_learned_state(state)
 
     def start(self, prompt_ids: list[int], hidden=None) -> None:
         """A new turn; `hidden` (the prompt's target features) is given when the fallback declares feature_layers."""

@@ -197,11 +197,13 @@ ANSWERS_COMMAND = "python -m bench.train method=eagle features.source=self_disti
 def build_corpus_automaton(tokenizer, settings: dict) -> Path:
     """Cache the automaton of the corpus `settings` names (conf/method/samd.yaml's drafter.corpus): `source`
     sharegpt (ShareGPT turns of `roles`, `max_conversations`) or answers (the target's own, from `answers_dir`)."""
+    from bench.artifacts import resolve_artifact_path
     from methods.rest_datastore import datastore_path
 
     path = datastore_path(settings["path"])
     if settings.get("source", "sharegpt") == "answers":
-        folder = datastore_path(settings["answers_dir"])
+        given = datastore_path(settings["answers_dir"])
+        folder = resolve_artifact_path(given) or given  # a relative folder: under the project root when there
         documents = answer_documents(folder, tokenizer.eos_token_id)
         meta = {"corpus": "answers", "answers_dir": str(folder)}
     else:

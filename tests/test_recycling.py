@@ -109,6 +109,21 @@ def test_the_matrix_carries_over_by_default_and_resets_without_carry_over(tiny_m
     assert torch.equal(carried.matrix.table, learned)
 
 
+def test_learned_state_puts_the_carried_matrix_back(tiny_model, prompts, one_thread):
+    """What the harness does before each repeat of a turn: the repeat then drafts (and accepts) as the first did."""
+    drafter = RecyclingDrafter(tiny_model)
+    engine = SpeculativeEngine(tiny_model, drafter)
+    engine.generate(prompts[0], StopCondition(20))
+    state = drafter.learned_state()
+    before = state.clone()
+    first = engine.generate(prompts[1], StopCondition(30))
+    assert not torch.equal(drafter.matrix.table, before)
+    drafter.restore_learned_state(state)
+    assert torch.equal(drafter.matrix.table, before)
+    assert engine.generate(prompts[1], StopCondition(30)).accept_lengths == first.accept_lengths
+    assert RecyclingDrafter(tiny_model, carry_over=False).learned_state() is None
+
+
 def test_seed_from_prefill_sets_each_prompt_tokens_row_from_the_prefill_logits(tiny_model, one_thread):
     """The engine hands the prompt's features over; each prompt token's row is the top-k of the target's logits at
     its last occurrence in the prompt, every other row stays zero. Without the knob the prefill teaches nothing."""

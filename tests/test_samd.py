@@ -229,8 +229,14 @@ def test_recycling_fallback_is_seeded_from_the_prefill_and_carried_to_the_next_p
     assert all(seeded[t].abs().sum() > 0 for t in set(prompts[2])) and seeded.abs().sum(dim=1).count_nonzero() == len(
         set(prompts[2]))
     learned = seeded.clone()
+    state = drafter.learned_state()
     drafter.start(prompts[0])  # no features: nothing seeded
     assert torch.equal(drafter.fallback.matrix.successors, learned)
+    engine.generate(prompts[1], StopCondition(1))
+    assert not torch.equal(drafter.fallback.matrix.successors, learned)
+    drafter.restore_learned_state(state)
+    assert torch.equal(drafter.fallback.matrix.successors, learned)
+    assert eagle2_samd(tiny_model).learned_state() is None
 
 
 def test_batched_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
