@@ -4,11 +4,21 @@ from the candidate tokens every verification forward computes anyway.
 An adjacency matrix [vocab, k] keeps, for each token, the target's top-k next tokens the last time that token was an
 input of a verification forward (root and every tree node, accepted or not). Each step fills a static tree template
 breadth-first from it: a node at rank r under a parent holding token t gets matrix[t, r]. The matrix starts as zeros,
-as upstream's (whose prefill logits are discarded), so the first step drafts token 0 everywhere.
+so a token never seen drafts token 0 under it.
 
-Upstream keeps one matrix for the whole run (it is made once, next to the model); here it is per prompt by default
-(`carry_over: false`): a turn's drafts then depend on its own tokens only, as batched rows and repeats need.
-`carry_over: true` keeps it across the prompts one drafter decodes, as upstream does.
+As upstream, the matrix lives for the whole run by default (`carry_over: true`): upstream makes it once, next to the
+model, so Spec-Bench's three warm-up generations fill it first and every question learns from all earlier ones (a
+row's drafts then depend on question order). `carry_over: false` starts each turn from zeros, so that a turn's drafts
+depend on its own tokens only (order-independent rows). A carried matrix is made with the drafter and shared by
+every copy of it: the rows of a batch (bench/engine/batched.py's fork_drafter) read and refresh one matrix, as
+upstream's single global one, in row order within a step, so a batched run is deterministic given its prompts' order
+(but its rows' drafts differ from batch-1 decoding's). `learned_state` / `restore_learned_state` copy the carried
+matrix out and back, so that the harness starts every repeat of a turn from the same matrix.
+
+Upstream Token Recycling discards the prefill's logits (Spec-Bench `evaluation/inference_recycling.py`: the prompt's
+forward updates nothing); SAM-Decoding's Token Recycling fallback refreshes the matrix from every prompt row
+(`seed_from_prefill: true`: the prefill's features through the target's LM head, so the engine hands this drafter the
+target's last hidden states). Not reproduced: upstream skips the refresh of a turn's last step (it stops before it).
 """
 from __future__ import annotations
 
@@ -35,6 +45,19 @@ TEMPLATES: dict[str, list[list[int]]] = {
         [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 0, 1, 0, 0],
         [0, 1, 0, 0, 0], [1, 0, 0, 0, 0],
         [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 0, 0],
+    ],
+    # SAM-Decoding's Token Recycling fallback (hyx1999/SAM-Decoding samd/config/token_recycle.json, the same file in
+    # Spec-Bench model/samd/config/): 60 nodes over 5 levels.
+    "samd": [
+        [0], [1], [2], [3], [4], [5], [6],
+        [0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [1, 0], [1, 1], [1, 2], [1, 3], [1, 4], [2, 0], [2, 1],
+        [2, 2], [3, 0], [3, 1], [4, 0], [4, 1], [5, 0], [6, 0],
+        [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [0, 3, 0], [0, 4, 0],
+        [1, 0, 0], [1, 0, 1], [1, 0, 2], [1, 1, 0], [1, 1, 1], [1, 2, 0], [1, 3, 0], [2, 0, 0], [2, 1, 0],
+        [3, 0, 0], [4, 0, 0], [5, 0, 0],
+        [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 1], [1, 1, 0, 0],
+        [2, 0, 0, 0],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [1, 0, 0, 0, 0],
     ],
 }
 
@@ -98,6 +121,9 @@ def k_problem(k: int, knobs: dict) -> str | None:
     return None if k > rank else f"must exceed every rank of the template (max rank {rank})"
 
 
+PREFILL_CHUNK = 512  # prompt rows put through the LM head at once by seed_from_prefill
+
+
 class AdjacencyMatrix:
     """[vocab, k] top-k successors per token on the target's device, plus one scratch row (index vocab) that absorbs
     the writes of a token's earlier duplicates within one refresh, so that its last occurrence wins."""
@@ -124,20 +150,49 @@ class RecyclingDrafter(Drafter):
     knob_rules = {"k": k_problem, "template": template_problem}
 
     def __init__(self, target=None, tokenizer=None, k: int = 8, template: str | list = "2.2.2",
-                 carry_over: bool = False, vocab_size: int | None = None):
-        check_knobs(type(self), k=k, template=template, carry_over=carry_over, vocab_size=vocab_size)
-        self.k, self.carry_over = k, carry_over
+                 carry_over: bool = True, seed_from_prefill: bool = False, vocab_size: int | None = None):
+        check_knobs(type(self), k=k, template=template, carry_over=carry_over, seed_from_prefill=seed_from_prefill,
+                    vocab_size=vocab_size)
+        self.k, self.carry_over, self.seed_from_prefill = k, carry_over, seed_from_prefill
         self.template = TreeTemplate(template_choices(template))
         self.vocab_size = vocab_size or target.get_output_embeddings().weight.shape[0]
         self.device = target.device if target is not None else torch.device("cpu")
         self.layout = self.template.layout(self.device)
-        self.matrix: AdjacencyMatrix | None = None
+        if seed_from_prefill:  # the prompt's last hidden states, through the target's LM head at start()
+            self.feature_layers, self.lm_head = (-1,), target.get_output_embeddings()
+        # carried: one matrix from the start, shared by every copy (batched rows, SamdDrafter's per-turn copies)
+        self.matrix = AdjacencyMatrix(self.vocab_size, self.k, self.device) if carry_over else None
         self.root: int | None = None
 
-    def start(self, prompt_ids: list[int]) -> None:
-        if self.matrix is None or not self.carry_over:
+    @property
+    def learns_across_prompts(self) -> bool:
+        """True when one prompt's drafts depend on the prompts decoded before it (the carried matrix)."""
+        return self.carry_over
+
+    def learned_state(self) -> torch.Tensor | None:
+        """A copy of the carried matrix (None without carry_over), for restore_learned_state."""
+        return self.matrix.table.clone() if self.carry_over else None
+
+    def restore_learned_state(self, state: torch.Tensor | None) -> None:
+        """Put back what learned_state() returned, in place: every copy sharing the matrix sees it."""
+        if state is not None:
+            self.matrix.table.copy_(state)
+
+    def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        """A new turn; `hidden` ([P, H], the prompt's last hidden states) is given when seed_from_prefill."""
+        if not self.carry_over:
             self.matrix = AdjacencyMatrix(self.vocab_size, self.k, self.device)
+        if hidden is not None:
+            self.seed(prompt_ids, hidden)
         self.root = None  # the next root: known from propose's context or the previous step's bonus token
+
+    def seed(self, prompt_ids: list[int], hidden: torch.Tensor) -> None:
+        """Refresh the prompt tokens' rows from the prefill's logits (the prompt's features through the LM head, a
+        chunk of rows at a time), as SAM-Decoding's fallback does with its prefill logits."""
+        tokens = host_to_device(prompt_ids, self.matrix.table.device, torch.long)
+        for begin in range(0, len(prompt_ids), PREFILL_CHUNK):
+            logits = self.lm_head(hidden[begin : begin + PREFILL_CHUNK])
+            self.matrix.refresh(tokens[begin : begin + PREFILL_CHUNK], logits.to(self.matrix.table.device))
 
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self.root = context[-1]

@@ -2,22 +2,26 @@
 suffix match in suffix automata, with another drafter for the steps where no match is long enough.
 
 Two automata (methods/suffix_automaton.py): a dynamic one over this sequence's prompt and accepted tokens, grown as
-they are accepted, and an optional static one over a corpus (ShareGPT, built once and cached). Each keeps a match of
+they are accepted, and an optional static one over a corpus (the target's own answers, as SAM-Decoding's tools/ build
+theirs, or ShareGPT turns; built once and cached). Each keeps a match of
 the tokens so far, moved on by each new token in amortised O(1): the decoded length never enters a step's cost.
 Each step matches the root on top of both; the longer match (the corpus match counted `len_bias` tokens shorter; the
 dynamic one wins ties) proposes the chain of the tokens that followed its earliest occurrence, `n_predicts` inputs
 with the root (upstream's 40), when it is at least `len_threshold` tokens long. Otherwise the fallback drafter
-proposes its tree: Token Recycling (methods/recycling.py), EAGLE-2 (methods/eagle/dynamic.py, upstream's
-SAMD[EAGLE2] of Spec-Bench's table) or none. The fallback sees every step's verification, the chain ones too: Token
-Recycling learns from their logits, and EAGLE-2's head consumes the target's features of every accepted token (the
-prompt's at start, then each step's accepted rows; SamdDrafter declares the fallback's `feature_layers`, so the engine
-hands them over), as upstream's draft model passes each step's accepted tokens and last hidden states to its tree
-model: the head's cache always holds the accepted context, whichever drafter proposed.
+proposes its tree: EAGLE-2 (methods/eagle/dynamic.py; the default, as Spec-Bench's eval.sh and SAM-Decoding's
+scripts/inference_samd.sh run it: SAMD[EAGLE2]), Token Recycling (methods/recycling.py; SAMD[Token Recycle]) or none.
+The fallback sees every step's verification, the chain ones too: Token Recycling learns from their logits, and
+EAGLE-2's head consumes the target's features of every accepted token (the prompt's at start, then each step's
+accepted rows; SamdDrafter declares the fallback's `feature_layers`, so the engine hands them over), as upstream's
+draft model passes each step's accepted tokens and last hidden states to its tree model: the head's cache always
+holds the accepted context, whichever drafter proposed.
+
+The Token Recycling fallback is SAM-Decoding's own unless knobs say otherwise (RECYCLING_FALLBACK): its 60-node tree
+(`template: samd`), a matrix never reset (`carry_over`: upstream's TokenRecycle.reset does nothing) and refreshed from
+every prompt row at the prefill (`seed_from_prefill`). So `learns_across_prompts` holds with that fallback.
 
 As upstream, a dynamic match whose earliest occurrence is too close to the end for a full chain backs off along its
 suffix links to a shorter match with a longer continuation (at most `n_predicts` links).
-Not here: upstream's filling of the Token Recycling fallback's matrix from the prompt's prefill logits (the engine
-keeps only the prefill's last row).
 """
 from __future__ import annotations
 
@@ -34,23 +38,25 @@ from methods.rest_datastore import datastore_path
 from methods.suffix_automaton import FrozenAutomaton, Match, SuffixAutomaton, build_corpus_automaton
 
 FALLBACKS = ("recycling", "eagle2", "none")
+# The `recycling` knobs' defaults: SAM-Decoding's own Token Recycling fallback (its samd/tree_model/token_recycle/)
+RECYCLING_FALLBACK = {"template": "samd", "carry_over": True, "seed_from_prefill": True}
 EAGLE2_SETTING = "method.drafter.eagle2.checkpoint (conf/method_model/samd/<model>.yaml)"
 
 
 class SamdDrafter(Drafter):
     """SAM-Decoding's drafter (see module doc).
 
-    `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `path`, `auto_build`, `roles`,
-    `max_conversations`; a missing one is built on first use when auto_build is true, else refused naming
-    `build_command`. `recycling`: the knobs of the Token Recycling fallback; `eagle2`: Eagle2Drafter's (checkpoint,
-    total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
+    `corpus`: settings of the static automaton (conf/method/samd.yaml): `enabled`, `source`, `answers_dir`, `path`,
+    `auto_build`, `roles`, `max_conversations`; a missing one is built on first use when auto_build is true, else
+    refused naming `build_command`. `recycling`: the knobs of the Token Recycling fallback (over RECYCLING_FALLBACK);
+    `eagle2`: Eagle2Drafter's (checkpoint, total_token, depth, top_k; tests pass `head=`) for the EAGLE-2 fallback.
     """
 
     knob_rules = {"n_predicts": at_least(2), "len_threshold": at_least(1), "fallback": one_of(*FALLBACKS)}
     nested_knobs = {"recycling": RecyclingDrafter}  # the Token Recycling fallback's knobs
 
     def __init__(self, target=None, tokenizer=None, n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
-                 fallback: str = "recycling", recycling: dict | None = None, eagle2: dict | None = None,
+                 fallback: str = "eagle2", recycling: dict | None = None, eagle2: dict | None = None,
                  corpus: dict | None = None,
                  build_command: str = "python -m bench.datastore method=samd model=<model>"):
         check_knobs(type(self), n_predicts=n_predicts, len_threshold=len_threshold, len_bias=len_bias,
@@ -64,12 +70,25 @@ class SamdDrafter(Drafter):
         self.artifact = "; ".join(a for a in artifacts if a) or None
         self.drafted_from: str | None = None  # last proposal's source: "dynamic", "corpus", "fallback" or None
 
+    @property
+    def learns_across_prompts(self) -> bool:
+        """True when the fallback carries what it learns from one prompt to the next (SAM-Decoding's recycling)."""
+        return getattr(self.fallback, "learns_across_prompts", False)
+
+    def learned_state(self):
+        """What the fallback learned across prompts (None when it learns nothing across them)."""
+        return self.fallback.learned_state() if self.learns_across_prompts else None
+
+    def restore_learned_state(self, state) -> None:
+        if self.learns_across_prompts:
+            self.fallback.restore_learned_state(state)
+
     def start(self, prompt_ids: list[int], hidden=None) -> None:
         """A new turn; `hidden` (the prompt's target features) is given when the fallback declares feature_layers."""
         self.automaton = SuffixAutomaton()
         self.match = Match()  # longest suffix of the committed tokens found earlier in them
         self.corpus_match = Match()  # longest suffix of the committed tokens found in the corpus
-        if self.fallback is not None:  # a copy per sequence: forks of this drafter (bench/batched.py) share none
+        if self.fallback is not None:  # a copy per sequence, so forks (batched rows) share only a carried matrix
             self.fallback = copy.copy(self.fallback)
             start_drafter(self.fallback, prompt_ids, hidden, None)  # EAGLE-2's tree draws nothing: no seed
 
@@ -131,7 +150,7 @@ class SamdDrafter(Drafter):
 def build_fallback(kind: str, target, tokenizer, recycling: dict, eagle2: dict) -> Drafter | None:
     """The drafter of the steps without a long enough match (see module doc)."""
     if kind == "recycling":
-        return RecyclingDrafter(target, tokenizer, **recycling)
+        return RecyclingDrafter(target, tokenizer, **{**RECYCLING_FALLBACK, **recycling})
     if kind == "eagle2":
         return eagle2_fallback(target, tokenizer, eagle2)
     return None
@@ -142,7 +161,8 @@ def eagle2_fallback(target, tokenizer, knobs: dict) -> Eagle2Drafter:
     one line naming the setting."""
     if not knobs.get("checkpoint") and knobs.get("head") is None:
         raise MissingArtifactError(f"SAM-Decoding's eagle2 fallback needs an EAGLE head and this model has none: "
-                                   f"set {EAGLE2_SETTING} (train one with: {EAGLE_TRAIN_COMMAND}), or use "
+                                   f"set method.drafter.eagle2.checkpoint (in conf/method_model/samd/<model>.yaml; "
+                                   f"train one with: {EAGLE_TRAIN_COMMAND}), or use the training-free "
                                    f"method.drafter.fallback=recycling")
     try:
         return Eagle2Drafter(target, tokenizer, **knobs)
@@ -156,3 +176,17 @@ def load_corpus(settings: dict, tokenizer, build_command: str) -> FrozenAutomato
     if settings.get("auto_build") and not (path / "meta.json").exists():
         build_corpus_automaton(tokenizer, settings)
     return FrozenAutomaton.load(path, build_command)
+
+
+def tiny_drafter(target, sampling, knobs: dict, tmp_path) -> SamdDrafter:
+    """For the tests: this drafter at `knobs`, its EAGLE-2 fallback over a random head for a tiny target unless
+    knobs give one (tests/test_sampling_methods.py)."""
+    from methods.eagle.head import EagleHead
+    from methods.heads.tiny import random_weights
+
+    if knobs.get("fallback", "eagle2") == "eagle2":
+        eagle2 = {k: v for k, v in knobs.get("eagle2", {}).items() if k != "checkpoint"}
+        if "head" not in eagle2:
+            eagle2["head"] = random_weights(EagleHead(target.config), seed=2).to(target.dtype)
+        knobs = {**knobs, "eagle2": eagle2}
+    return SamdDrafter(target, **knobs)

@@ -1,5 +1,6 @@
 """Suffix automata for SAM-Decoding (methods/samd.py): a growing one over a sequence's own tokens, and a frozen one
-over a corpus, built once from ShareGPT and cached on disk.
+over a corpus (ShareGPT turns, or the target's own answers as SAM-Decoding's tools build theirs), built once and
+cached on disk.
 
 A suffix automaton of a text has at most 2T states; state s stands for the substrings that end at the same set of
 positions, of lengths (length[link[s]], length[s]]; `first_end[s]` is where the earliest of them ends. Appending a
@@ -8,9 +9,10 @@ that occurs in the text; `advance` moves it on by one token in amortised O(1), s
 instead of re-matching its whole suffix.
 
     python -m bench.datastore method=samd model=<model> [method.drafter.corpus.max_conversations=N]
+    python -m bench.datastore method=samd model=<model> method.drafter.corpus.source=answers
 
 builds the corpus automaton that conf/method/samd.yaml's `drafter.corpus` names (e.g.
-method.drafter.corpus.max_conversations=300 for a quick build).
+method.drafter.corpus.max_conversations=300 for a quick build of ShareGPT's).
 """
 from __future__ import annotations
 
@@ -189,25 +191,63 @@ def build_frozen(documents, progress: bool = True) -> FrozenAutomaton:
     return FrozenAutomaton.freeze(automaton)
 
 
-def build_corpus_automaton(tokenizer, settings: dict) -> Path:
-    """Tokenize the ShareGPT turns `settings` names (path, roles, max_conversations) and cache their automaton."""
-    from tqdm import tqdm
+ANSWERS_COMMAND = "python -m bench.train method=eagle features.source=self_distill"  # makes the target's answers
 
-    from bench.corpora import sharegpt_turns
+
+def build_corpus_automaton(tokenizer, settings: dict) -> Path:
+    """Cache the automaton of the corpus `settings` names (conf/method/samd.yaml's drafter.corpus): `source`
+    sharegpt (ShareGPT turns of `roles`, `max_conversations`) or answers (the target's own, from `answers_dir`)."""
+    from bench.artifacts import resolve_artifact_path
     from methods.rest_datastore import datastore_path
 
     path = datastore_path(settings["path"])
+    if settings.get("source", "sharegpt") == "answers":
+        given = datastore_path(settings["answers_dir"])
+        folder = resolve_artifact_path(given) or given  # a relative folder: under the project root when there
+        documents = answer_documents(folder, tokenizer.eos_token_id)
+        meta = {"corpus": "answers", "answers_dir": str(folder)}
+    else:
+        documents = sharegpt_documents(tokenizer, settings)
+        meta = {"corpus": "sharegpt", "roles": list(settings["roles"]),
+                "max_conversations": settings["max_conversations"]}
+    print(f"building the SAM-Decoding corpus automaton {path} from {len(documents)} {meta['corpus']} documents")
+    frozen = build_frozen(documents)
+    frozen.save(path, {"tokenizer": tokenizer.name_or_path, **meta, "documents": len(documents)})
+    print(f"wrote {path} ({len(frozen)} states)")
+    return path
+
+
+def sharegpt_documents(tokenizer, settings: dict) -> list[list[int]]:
+    """The ShareGPT turns of `settings["roles"]` as written (at most `max_conversations`), tokenized."""
+    from tqdm import tqdm
+
+    from bench.corpora import sharegpt_turns
+
     texts = sharegpt_turns(list(settings["roles"]), settings["max_conversations"])
-    print(f"building the SAM-Decoding corpus automaton {path} from {len(texts)} ShareGPT turns")
     documents, batch = [], 256
     for i in tqdm(range(0, len(texts), batch), desc=f"tokenizing {len(texts)} turns", unit="batch"):
         documents += tokenizer(texts[i : i + batch], add_special_tokens=False).input_ids
-    frozen = build_frozen(documents)
-    meta = {"tokenizer": tokenizer.name_or_path, "corpus": "sharegpt", "roles": list(settings["roles"]),
-            "turns": len(documents), "max_conversations": settings["max_conversations"]}
-    frozen.save(path, meta)
-    print(f"wrote {path} ({len(frozen)} states)")
-    return path
+    return documents
+
+
+def answer_documents(folder: Path, eos: int | None) -> list[list[int]]:
+    """The target's own answers in a self-distillation folder (methods/heads/self_distill.py), as SAM-Decoding's
+    tools/gen_sam_alpaca.py makes its documents: prompt + answer, with EOS after it unless it ends with one."""
+    import torch
+
+    from methods.heads.self_distill import answer_path
+
+    documents, shard = [], 0
+    while answer_path(folder, shard).exists():
+        saved = torch.load(answer_path(folder, shard))
+        for prompt, answer in zip(saved["prompts"], saved["answers"]):
+            document = list(prompt) + list(answer)
+            documents.append(document if eos is None or document[-1:] == [eos] else document + [eos])
+        shard += 1
+    if not documents:
+        raise MissingArtifactError(f"no answers of the target in {folder}; make them with: {ANSWERS_COMMAND} (or set "
+                                   f"method.drafter.corpus.answers_dir, or method.drafter.corpus.source=sharegpt)")
+    return documents
 
 
 def build(cfg) -> Path:

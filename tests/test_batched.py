@@ -89,8 +89,9 @@ def method_drafters(model, tmp_path, prompts):
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
-        "recycling": lambda: RecyclingDrafter(model),
-        "samd": lambda: SamdDrafter(model),
+        "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
+        "samd": lambda: SamdDrafter(model, eagle2={"head": random_head(model, 3), "total_token": 10, "depth": 4,
+                                                   "top_k": 3}),
     }
 
 

@@ -104,13 +104,16 @@ def test_no_config_reads_a_method_setting_from_the_model():
 
 @pytest.mark.parametrize("model", MODELS)
 def test_eagle_eagle2_and_samds_fallback_share_one_head(model):
+    """One head; the fallback's tree is method=eagle2's CPU tree, or SAM-Decoding's where eagle2 runs upstream's."""
     eagle, eagle2 = compose_config("method=eagle", f"model={model}"), compose_config("method=eagle2", f"model={model}")
     fallback = compose_config("method=samd", f"model={model}").method.drafter.eagle2
     assert OmegaConf.is_missing(eagle.method.drafter, "checkpoint") == (fallback.checkpoint is None)
     if fallback.checkpoint is not None:
         assert eagle.method.drafter.checkpoint == eagle2.method.drafter.checkpoint == fallback.checkpoint
     tree = ("total_token", "depth", "top_k")
-    assert [fallback[k] for k in tree] == [eagle2.method.drafter[k] for k in tree]
+    eagle2_tree = tuple(eagle2.method.drafter[k] for k in tree)
+    sam_decodings = {(60, 5, 10): (63, 5, 8)}  # where EAGLE-2 runs its own tree, SAMD runs SAM-Decoding's
+    assert tuple(fallback[k] for k in tree) == sam_decodings.get(eagle2_tree, eagle2_tree)
 
 
 @pytest.mark.parametrize("method, artifact", [("medusa", "medusa"), ("hydra", "hydra"), ("eagle", "eagle"),

@@ -1,8 +1,9 @@
 """SAM-Decoding (methods/samd.py) and its suffix automata (methods/suffix_automaton.py): matches against brute force,
 linear size, the frozen corpus automaton, and lossless decoding (greedy, sampled, batched) with accepted drafts, with
-the Token Recycling and the EAGLE-2 fallbacks."""
+the EAGLE-2 fallback (the default) and SAM-Decoding's own Token Recycling fallback."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -10,10 +11,19 @@ import torch
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
+from methods.eagle.checkpoints import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
 from methods.eagle.dynamic import Eagle2Drafter
+from methods.heads.self_distill import answer_path
 from methods.recycling import RecyclingDrafter
 from methods.samd import SamdDrafter
-from methods.suffix_automaton import SEPARATOR, FrozenAutomaton, Match, SuffixAutomaton, build_frozen
+from methods.suffix_automaton import (
+    SEPARATOR,
+    FrozenAutomaton,
+    Match,
+    SuffixAutomaton,
+    build_corpus_automaton,
+    build_frozen,
+)
 from tests.conftest import make_tiny_model, vanilla_tokens
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, compose_method, drafter_from_config
 from tests.test_batched import assert_batch_equals_batch_one, batch_prompts  # noqa: F401 (a fixture)
@@ -94,6 +104,36 @@ def test_missing_corpus_is_refused_naming_the_build_command(tmp_path):
         SamdDrafter(corpus=corpus, fallback="none")
 
 
+class EosTokenizer:
+    """What the corpus build reads of a tokenizer when the corpus is the target's answers."""
+
+    eos_token_id, name_or_path = 2, "tiny"
+
+
+def test_answers_corpus_is_prompt_and_answer_with_eos_after_each(tmp_path):
+    """As SAM-Decoding's tools/gen_sam_alpaca.py: each document is prompt + the target's answer, EOS appended unless
+    it ends with one; every shard of the self-distillation folder, in order."""
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    torch.save({"prompts": [[7, 8], [9]], "answers": [[10, 11], [12, 2]]}, answer_path(answers, 0))
+    torch.save({"prompts": [[13]], "answers": [[]]}, answer_path(answers, 1))
+    settings = {"source": "answers", "answers_dir": str(answers), "path": str(tmp_path / "corpus.sam")}
+    corpus = FrozenAutomaton.load(build_corpus_automaton(EosTokenizer(), settings), "build it")
+    assert corpus.tokens.tolist() == [7, 8, 10, 11, 2, SEPARATOR, 9, 12, 2, SEPARATOR, 13, 2, SEPARATOR]
+    meta = json.loads((tmp_path / "corpus.sam" / "meta.json").read_text())
+    assert (meta["corpus"], meta["answers_dir"], meta["documents"]) == ("answers", str(answers), 3)
+
+
+def test_missing_answers_are_refused_naming_the_command(tmp_path):
+    settings = {"source": "answers", "answers_dir": str(tmp_path), "path": str(tmp_path / "corpus.sam")}
+    with pytest.raises(MissingArtifactError) as refused:
+        build_corpus_automaton(EosTokenizer(), settings)
+    assert str(refused.value) == (
+        f"no answers of the target in {tmp_path}; make them with: python -m bench.train method=eagle "
+        "features.source=self_distill (or set method.drafter.corpus.answers_dir, or "
+        "method.drafter.corpus.source=sharegpt)")
+
+
 def test_bad_fallback_is_refused():
     with pytest.raises(ValueError, match="method.drafter.fallback=eagle3: must be one of recycling, eagle2, none"):
         SamdDrafter(fallback="eagle3")
@@ -120,15 +160,16 @@ def test_repeating_prompt_drafts_from_the_dynamic_automaton():
 
 def test_greedy_is_lossless_with_and_without_fallback(tiny_model, prompts, one_thread):
     for prompt in prompts:
-        with_fallback = assert_lossless(tiny_model, SamdDrafter(tiny_model), prompt, 50)
+        with_fallback = assert_lossless(tiny_model, SamdDrafter(tiny_model, fallback="recycling"), prompt, 50)
         assert_lossless(tiny_model, SamdDrafter(tiny_model, fallback="none"), prompt, 50)
-        alone = SpeculativeEngine(tiny_model, RecyclingDrafter(tiny_model)).generate(prompt, StopCondition(50))
+        recycling = RecyclingDrafter(tiny_model, template="samd", seed_from_prefill=True)
+        alone = SpeculativeEngine(tiny_model, recycling).generate(prompt, StopCondition(50))
         assert with_fallback.accept_lengths == alone.accept_lengths  # no long matches here: the fallback drafts
 
 
 def test_greedy_is_lossless_on_windowed_models(windowed_model, prompts, one_thread):
     for prompt in prompts + [prompts[1] * 3]:
-        assert_lossless(windowed_model, SamdDrafter(windowed_model, len_threshold=2), prompt, 40)
+        assert_lossless(windowed_model, SamdDrafter(windowed_model, len_threshold=2, fallback="recycling"), prompt, 40)
 
 
 def test_corpus_automaton_drafts_the_continuation_it_holds(tiny_model, prompts, tmp_path, one_thread):
@@ -149,29 +190,67 @@ def test_each_step_costs_only_its_new_tokens(tiny_model, prompts, one_thread, mo
     calls = []
     extend = SuffixAutomaton.extend
     monkeypatch.setattr(SuffixAutomaton, "extend", lambda self, token: (calls.append(token), extend(self, token)))
-    drafter = SamdDrafter(tiny_model)
+    drafter = SamdDrafter(tiny_model, fallback="recycling")
     prompt = prompts[2]
     out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(40))
     assert calls == drafter.automaton.tokens
     assert calls == (prompt + out.tokens)[: len(calls)] and len(calls) >= len(prompt) + len(out.tokens) - 2
 
 
-def test_config_builds_the_upstream_drafter(tiny_model):
-    drafter = drafter_from_config("samd", tiny_model, None)
-    assert isinstance(drafter, SamdDrafter) and isinstance(drafter.fallback, RecyclingDrafter)
+def test_config_builds_the_upstream_drafter_with_the_eagle2_fallback(tiny_model, tmp_path):
+    """On a model with an EAGLE head (a random one for the tiny model, where SmolLM2's home points): SAMD[EAGLE2]."""
+    from methods.heads.common import save_heads
+
+    save_heads(tmp_path / "eagle", {"specbench_method": "eagle"}, random_head(tiny_model, 1).state_dict(), {})
+    drafter = drafter_from_config("samd", tiny_model, None, f"method.drafter.eagle2.checkpoint={tmp_path / 'eagle'}")
+    assert isinstance(drafter, SamdDrafter) and isinstance(drafter.fallback, Eagle2Drafter)
     assert (drafter.n_predicts, drafter.len_threshold, drafter.len_bias, drafter.corpus) == (40, 5, 5, None)
-    assert drafter.feature_layers == ()  # Token Recycling needs no target features: the engine computes none
+    assert (drafter.fallback.total_token, drafter.fallback.depth, drafter.fallback.top_k) == (6, 2, 2)  # SmolLM2's
+    assert drafter.feature_layers == Eagle2Drafter.feature_layers and not drafter.learns_across_prompts
+
+
+def test_config_builds_sam_decodings_own_recycling_fallback(tiny_model):
+    """fallback=recycling: SAM-Decoding's 60-node tree, a matrix carried over and seeded from the prefill (the
+    engine then hands the prompt's features over)."""
+    drafter = drafter_from_config("samd", tiny_model, None, "method.drafter.fallback=recycling")
+    fallback = drafter.fallback
+    assert isinstance(fallback, RecyclingDrafter)
+    assert (len(fallback.template), fallback.k, fallback.carry_over, fallback.seed_from_prefill) == (60, 8, True, True)
+    assert drafter.feature_layers == (-1,) and drafter.learns_across_prompts
+    assert SamdDrafter(tiny_model, fallback="recycling", recycling={"carry_over": False}).learns_across_prompts is False
+
+
+def test_recycling_fallback_is_seeded_from_the_prefill_and_carried_to_the_next_prompt(tiny_model, prompts, one_thread):
+    """After a prompt's prefill the matrix rows of its tokens are set; the next prompt's turn starts from them."""
+    drafter = SamdDrafter(tiny_model, fallback="recycling")
+    engine = SpeculativeEngine(tiny_model, drafter)
+    engine.generate(prompts[2], StopCondition(1))  # the prefill only
+    seeded = drafter.fallback.matrix.successors
+    assert all(seeded[t].abs().sum() > 0 for t in set(prompts[2])) and seeded.abs().sum(dim=1).count_nonzero() == len(
+        set(prompts[2]))
+    learned = seeded.clone()
+    state = drafter.learned_state()
+    drafter.start(prompts[0])  # no features: nothing seeded
+    assert torch.equal(drafter.fallback.matrix.successors, learned)
+    engine.generate(prompts[1], StopCondition(1))
+    assert not torch.equal(drafter.fallback.matrix.successors, learned)
+    drafter.restore_learned_state(state)
+    assert torch.equal(drafter.fallback.matrix.successors, learned)
+    assert eagle2_samd(tiny_model).learned_state() is None
 
 
 def test_batched_rows_equal_batch_one(tiny_model, batch_prompts, one_thread):  # noqa: F811
     prompts = batch_prompts[:3] + [batch_prompts[1] * 3]  # one row with long dynamic matches
-    out = assert_batch_equals_batch_one(tiny_model, lambda: SamdDrafter(tiny_model, len_threshold=3), prompts, 30)
+    make = lambda: SamdDrafter(tiny_model, len_threshold=3, fallback="recycling",  # noqa: E731
+                               recycling={"carry_over": False})  # rows apart: each as at batch 1
+    out = assert_batch_equals_batch_one(tiny_model, make, prompts, 30)
     assert any(n > 1 for turn in out.turns for n in turn.accept_lengths[1:])
 
 
-@pytest.mark.parametrize("knobs", [{}, {"len_threshold": 2, "fallback": "none"}])
+@pytest.mark.parametrize("knobs", [{"fallback": "recycling"}, {"len_threshold": 2, "fallback": "none"}])
 def test_sampling_gives_the_targets_joint_distribution(target, knobs):  # noqa: F811
-    """With the default threshold the Recycling fallback drafts; at 2, PROMPT's repeats give dynamic chains."""
+    """With the default threshold the Recycling fallback drafts; at 2, PROMPT's repeats give dynamic chains (the
+    EAGLE-2 fallback: tests/test_sampling_methods.py's samd cases)."""
     cfg = CONFIGS["top_k"]
     statistic, critical, accept_lengths = joint_test(target, SamdDrafter(target, **knobs), cfg, 1200)
     assert statistic < critical, (statistic, critical)
@@ -180,16 +259,17 @@ def test_sampling_gives_the_targets_joint_distribution(target, knobs):  # noqa: 
 
 @pytest.mark.real_model
 def test_smollm2_summarization_equals_vanilla():
+    """The default: the committed EAGLE head as the fallback (SAMD[EAGLE2])."""
     mean_accepted = assert_lossless_on_smollm2("samd")
     print(f"samd on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
     assert mean_accepted > 1.0
 
 
 @pytest.mark.real_model
-def test_smollm2_with_the_eagle2_fallback_equals_vanilla():
-    """The committed EAGLE head as the fallback (SAMD[EAGLE2]), built from the config as the runner builds it."""
-    mean_accepted = assert_lossless_on_smollm2("samd", "method.drafter.fallback=eagle2")
-    print(f"samd[eagle2] on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
+def test_smollm2_with_the_recycling_fallback_equals_vanilla():
+    """SAM-Decoding's own Token Recycling fallback (SAMD[Token Recycle]), built from the config as the runner does."""
+    mean_accepted = assert_lossless_on_smollm2("samd", "method.drafter.fallback=recycling")
+    print(f"samd[recycling] on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
     assert mean_accepted > 1.0
 
 
@@ -251,14 +331,14 @@ def test_eagle2_fallback_rows_equal_batch_one(tiny_model, batch_prompts, one_thr
 
 
 def test_eagle2_fallback_settings_are_method_eagle2s():
-    """samd's eagle2 knobs (conf/method_model/samd/<model>.yaml) are method=eagle2's for the model; a model without
-    an EAGLE head gets none and upstream's 60/5/10 tree."""
+    """samd's eagle2 knobs (conf/method_model/samd/<model>.yaml) are method=eagle2's for SmolLM2 (head and CPU tree);
+    a model without an EAGLE head gets none and SAM-Decoding's 63/5/8 tree."""
     smollm2 = compose_method("samd").method.drafter.eagle2
     eagle2 = compose_method("eagle2").method.drafter
     assert [smollm2[k] for k in ("checkpoint", "total_token", "depth", "top_k")] == [
         eagle2[k] for k in ("checkpoint", "total_token", "depth", "top_k")]
     llama = compose_method("samd", "model=llama31_8b").method.drafter.eagle2
-    assert (llama.checkpoint, llama.total_token, llama.depth, llama.top_k) == (None, 60, 5, 10)
+    assert (llama.checkpoint, llama.total_token, llama.depth, llama.top_k) == (None, 63, 5, 8)
 
 
 @pytest.mark.parametrize("checkpoint, message", [
@@ -269,3 +349,12 @@ def test_missing_eagle_head_is_refused_naming_the_setting(tiny_model, tmp_path, 
         drafter_from_config("samd", tiny_model, None, "method.drafter.fallback=eagle2",
                             f"method.drafter.eagle2.checkpoint={checkpoint.format(tmp=tmp_path)}")
     assert "\n" not in str(refused.value)
+
+
+def test_default_on_a_model_without_an_eagle_head_is_refused_in_one_line(tiny_model):
+    with pytest.raises(MissingArtifactError) as refused:
+        drafter_from_config("samd", tiny_model, None, "model=llama31_8b")
+    assert str(refused.value) == (
+        "SAM-Decoding's eagle2 fallback needs an EAGLE head and this model has none: set "
+        "method.drafter.eagle2.checkpoint (in conf/method_model/samd/<model>.yaml; train one with: "
+        f"{EAGLE_TRAIN_COMMAND}), or use the training-free method.drafter.fallback=recycling")

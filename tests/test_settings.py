@@ -48,9 +48,9 @@ def test_a_bad_pld_knob_is_one_line(override, line):
      "method.drafter.fallback=eagle3: must be one of recycling, eagle2, none"),
     ("samd", "method.drafter.n_predicts=1", "method.drafter.n_predicts=1: must be >= 2"),
     ("samd", "method.drafter.recycling.k=0",
-     "method.drafter.recycling.k=0: must exceed every rank of the template (max rank 7)"),
+     "method.drafter.recycling.k=0: must exceed every rank of the template (max rank 6)"),
     ("samd", "+method.drafter.recycling.kk=0", "method.drafter.recycling.kk=0: RecyclingDrafter has no such knob; "
-                                               "its knobs: k, template, carry_over, vocab_size"),
+                                               "its knobs: k, template, carry_over, seed_from_prefill, vocab_size"),
     ("rest", "method.drafter.max_token_span=1", "method.drafter.max_token_span=1: must be >= 2"),
     ("rest", "method.drafter.num_draft=null", "method.drafter.num_draft=null: must be an integer"),
 ])
