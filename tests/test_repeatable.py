@@ -93,11 +93,8 @@ def tiny_artifacts(tiny_checkpoint, tmp_path_factory):
     write_datastore(folder / "rest.idx", corpus, sort_depth=8)
     heads = {method: [f"method.drafter.checkpoint={folder / method}"] for method in ("medusa", "hydra")}
     eagle = f"method.drafter.checkpoint={folder / 'eagle'}"
-    # recycling: a matrix carried across prompts (its default) drafts differently on each repeat, and under sampling
-    # other drafts give other tokens: repeats are compared with the turn-local matrix
     return {**heads, "sps": [f"method.drafter.draft_path={folder / 'sps'}"], "eagle": [eagle],
             "samd": [f"method.drafter.eagle2.checkpoint={folder / 'eagle'}"],
-            "recycling": ["method.drafter.carry_over=false"],
             "eagle2": [eagle, "method.drafter.total_token=8", "method.drafter.depth=3", "method.drafter.top_k=2"],
             "rest": [f"++datastore.path={folder / 'rest.idx'}"]}
 
