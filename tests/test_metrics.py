@@ -11,7 +11,7 @@ from bench.engine.drafter import Drafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.tree import DraftTree
 from bench.measure.metrics import mean_accepted_tokens, summarize
-from bench.records import RECORD_FORMAT, answer_record, in_current_format, parse_records
+from bench.records import RECORD_FORMAT, answer_record
 from tests.conftest import VOCAB, vanilla_tokens
 
 
@@ -120,22 +120,6 @@ def test_mean_accepted_tokens_is_spec_bench_mean_of_accept_lengths_on_records_we
     spec_bench = np.mean(choice["accept_lengths"])  # Spec-Bench's evaluation/speed.py: np.mean(accept_lengths_list)
     assert mean_accepted_tokens([record]) == spec_bench == 2.5
     assert summarize("m", [record], {}).set_index("task").loc["overall", "mean_accepted_tokens"] == spec_bench
-
-
-def test_format_1_records_are_read_without_their_prefill_steps():
-    old = {"question_id": 1, "choices": [{"new_tokens": [7, 5, 0], "decoding_steps": [3, 2, None],
-                                          "accept_lengths": [1, 4, 2, 1, 4]}]}
-    current = in_current_format(old)
-    assert current["format"] == RECORD_FORMAT and old.get("format") is None
-    assert current["choices"][0]["decoding_steps"] == [2, 1, None]
-    assert current["choices"][0]["accept_lengths"] == [4, 2, 4]
-    assert [r for _, r in parse_records(json.dumps(old) + "\n")] == [current]
-    assert in_current_format(current) is current
-    unreported = {"choices": [{"new_tokens": [9], "decoding_steps": [6], "accept_lengths": []}]}
-    assert in_current_format(unreported)["choices"][0] == {"new_tokens": [9], "decoding_steps": [5],
-                                                           "accept_lengths": []}
-    with pytest.raises(ValueError, match="question 3: format-1 accept_lengths \\(2\\) do not match"):
-        in_current_format({"question_id": 3, "choices": [{"decoding_steps": [3], "accept_lengths": [1, 2]}]})
 
 
 def test_mean_accepted_tokens_from_steps_alone_and_nan_without_steps():

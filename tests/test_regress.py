@@ -242,3 +242,16 @@ def test_the_committed_baseline_is_accepted_by_the_gate(tmp_path, batch_column):
     entries = sum(len(tasks) for tasks in data["methods"].values())
     assert status == 0 and f"passed: 0 problem(s); {entries} baseline method x task entries" in text
     assert "batch_size=1" in text
+
+
+def test_a_baseline_of_format_1_is_refused_and_update_rewrites_it(results, baseline):
+    data = json.loads(baseline.read_text())
+    del data["format"]
+    data["methods"]["sps"] = {"overall": {"n_questions": 6, "mean_accepted_tokens": 1.3, "exact_match": 1.0}}
+    baseline.write_text(json.dumps(data))
+    with pytest.raises(RegressError, match=r"counts #MAT with each turn's prefill as a step \(format 1\); rewrite"):
+        check(results, baseline)
+    assert check(results, baseline, update=True)[0] == 0
+    data = json.loads(baseline.read_text())
+    assert data["format"] == 2 and sorted(data["methods"]) == ["pld", "vanilla"]  # format-1 entries dropped
+    assert check(results, baseline)[0] == 0
