@@ -34,10 +34,9 @@ def config_key(**parts) -> str:
 
 def answer_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict]) -> dict:
     """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, decode_steps, wall_time, accept_lengths
-    (per decode step), and
-    where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads, available cores) and the
-    STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step, the prompt's length), and
-    on a GPU the ENERGY_KEYS (joules, median over repeats)."""
+    (per decode step), and where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads,
+    available cores) and the STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step,
+    the prompt's length), and on a GPU the ENERGY_KEYS (joules, median over repeats)."""
     return {
         "question_id": question["question_id"],
         "category": question["category"],
