@@ -1,4 +1,11 @@
-"""Answer records in Spec-Bench's layout, appended and flushed one question at a time (so runs resume)."""
+"""Answer records in Spec-Bench's layout, appended and flushed one question at a time (so runs resume).
+
+A turn's `decoding_steps` counts its decode steps (target forwards after the prefill) and `accept_lengths` holds
+the tokens each of them added, as Spec-Bench's runners write them, so #MAT = np.mean(accept_lengths) (Spec-Bench's
+evaluation/speed.py) and new_tokens = 1 + the turn's accept_lengths (the prefill's token). Records carry
+`"format": RECORD_FORMAT`; records without it (format 1, written before issue 42) counted each turn's prefill as a
+step of accept length 1, and are read in the current layout (`in_current_format`); `python -m bench.migrate_answers`
+rewrites such files."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +23,7 @@ TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Ben
 # together
 STEP_KEYS = ("phase_times", "verified_tokens", "tree_steps", "prompt_tokens", "latency", "batch_rows")
 ENERGY_KEYS = ("energy_j",)  # on CUDA with NVML: the device's joules while the turn decoded (its share, batched)
+RECORD_FORMAT = 2  # 2: steps and accept_lengths count decode steps only (Spec-Bench's); 1 (no key): prefill included
 
 
 def config_key(**parts) -> str:
@@ -25,10 +33,10 @@ def config_key(**parts) -> str:
 
 
 def answer_record(question: dict, model_id: str, method: str, run_key: str, turns: list[dict]) -> dict:
-    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, steps, wall_time, accept_lengths, and
-    where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads, available cores) and the
-    STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step, the prompt's length), and
-    on a GPU the ENERGY_KEYS (joules, median over repeats)."""
+    """One Spec-Bench answer line; `turns` holds per turn: text, token_ids, decode_steps, wall_time, accept_lengths
+    (per decode step), and where measured the TIMING_KEYS (every repeat's wall and CPU seconds, torch threads,
+    available cores) and the STEP_KEYS (the first repeat's seconds per engine phase, its verified tokens per step,
+    the prompt's length), and on a GPU the ENERGY_KEYS (joules, median over repeats)."""
     return {
         "question_id": question["question_id"],
         "category": question["category"],
@@ -37,11 +45,12 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
         "method": method,
         "run_key": run_key,
         "tstamp": time.time(),
+        "format": RECORD_FORMAT,
         "choices": [
             {
                 "index": 0,
                 "turns": [t["text"] for t in turns],
-                "decoding_steps": [t["steps"] for t in turns],
+                "decoding_steps": [t["decode_steps"] for t in turns],
                 "new_tokens": [len(t["token_ids"]) for t in turns],
                 "wall_time": [t["wall_time"] for t in turns],
                 "accept_lengths": [a for t in turns for a in t["accept_lengths"]],
@@ -53,14 +62,37 @@ def answer_record(question: dict, model_id: str, method: str, run_key: str, turn
     }
 
 
+def in_current_format(record: dict) -> dict:
+    """`record` in RECORD_FORMAT: a format-1 record loses each turn's prefill step (its first accept length, one
+    step); ValueError when its accept_lengths are neither every step's nor none (no way to tell the turns apart)."""
+    if record.get("format", 1) >= RECORD_FORMAT or "choices" not in record:
+        return record
+    choices = []
+    for choice in record["choices"]:
+        steps, lengths = choice["decoding_steps"], choice["accept_lengths"]
+        known = [s for s in steps if s is not None]
+        if lengths and len(lengths) != sum(known):
+            raise ValueError(f"question {record.get('question_id')}: format-1 accept_lengths ({len(lengths)}) do not "
+                             f"match its decoding_steps ({sum(known)}); cannot drop the prefill steps")
+        decode, start = [], 0
+        for s in known:
+            decode += lengths[start + 1 : start + s]
+            start += s
+        choices.append({**choice, "decoding_steps": [None if s is None else max(s - 1, 0) for s in steps],
+                        "accept_lengths": decode})
+    return {**record, "format": RECORD_FORMAT, "choices": choices}
+
+
 def parse_records(text: str) -> Iterator[tuple[int, dict]]:
-    """(line number, record) of each JSONL line; blank lines and a line cut off by an interrupted run are skipped."""
+    """(line number, record in RECORD_FORMAT) of each JSONL line; blank lines and a line cut off by an interrupted
+    run are skipped."""
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                yield line_no, json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            yield line_no, in_current_format(record)
 
 
 def read_jsonl(path: Path) -> list[dict]:

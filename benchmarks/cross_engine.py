@@ -72,7 +72,8 @@ def overall_row(folder: Path, head: str, engine: str, k: int) -> dict:
 
 
 def turn_steps(record: dict) -> list[tuple[list[int], list[int]]]:
-    """(token ids, step lengths) of each turn of an answer record (accept_lengths holds every turn's, in order)."""
+    """(token ids, decode step lengths) of each turn of an answer record (accept_lengths holds every turn's, in
+    order)."""
     choice, out, start = record["choices"][0], [], 0
     for ids, steps in zip(choice["token_ids"], choice["decoding_steps"]):
         out.append((ids, choice["accept_lengths"][start:start + steps]))
@@ -95,8 +96,8 @@ def shared_text(ours: Path, vllm: Path) -> tuple[int, int, dict[str, list[int]],
             if ids != other_ids:
                 continue
             alike += 1
-            accepts["ours"] += [a - 1 for a in mine[1:]]
-            accepts["vllm"] += [a - 1 for a in other[1:]]
+            accepts["ours"] += [a - 1 for a in mine]
+            accepts["vllm"] += [a - 1 for a in other]
             starts = [step_starts(lengths, len(ids)) for lengths in (mine, other)]
             common = starts[0].keys() & starts[1].keys()
             shared += len(common)
@@ -105,9 +106,10 @@ def shared_text(ours: Path, vllm: Path) -> tuple[int, int, dict[str, list[int]],
 
 
 def step_starts(lengths: list[int], new_tokens: int) -> dict[int, int]:
-    """{position a decode step starts at: its length}, the prefill's step and the turn's last step left out."""
-    starts, position = {}, lengths[0] if lengths else 0
-    for length in lengths[1:]:
+    """{position a decode step starts at: its length}, the turn's last step left out (the prefill's token is
+    position 0)."""
+    starts, position = {}, 1
+    for length in lengths:
         if position + length < new_tokens:
             starts[position] = length
         position += length

@@ -227,7 +227,7 @@ def main() -> None:
         for row in rows:
             outs = [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
             row["our_tokens"] = [out.tokens for out in outs]
-            row["our_mat"] = sum(len(o.tokens) for o in outs) / sum(o.steps for o in outs)
+            row["our_mat"] = sum(len(o.tokens) - 1 for o in outs) / sum(o.decode_steps for o in outs)  # Spec-Bench's
         job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
                "prompts": prompts, "runs": [row["upstream"] for row in rows]}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
@@ -241,7 +241,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         theirs = upstream[row["upstream"]["name"]]
-        mat = sum(len(r["tokens"]) for r in theirs) / sum(r["steps"] for r in theirs)
+        mat = sum(len(r["tokens"]) - 1 for r in theirs) / sum(r["steps"] - 1 for r in theirs)  # decode steps only
         equal = divergence(row["our_tokens"], [r["tokens"] for r in theirs])
         print(f"| {row['method']} | {row['settings']} | {row['our_mat']:.3f} | {mat:.3f} | "
               f"{(row['our_mat'] - mat) / mat:+.1%} | {equal} |")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from bench.measure.metrics import summarize
+from bench.records import RECORD_FORMAT
 
 # one question per task: (question_id, category)
 QUESTIONS = [(81, "writing"), (161, "translation"), (241, "summarization"), (321, "qa"), (401, "math_reasoning"),
@@ -18,22 +19,22 @@ TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
 def record(question_id: int, category: str, method: str, accepts: list[list[int]], wall_time: list[float],
            exact_match: bool | None = True, divergence: dict | None = None, run_key: str = "key",
            cpu_share: float | None = None) -> dict:
-    """A Spec-Bench answer line whose turn k added accepts[k] tokens per target forward (prefill first); with
+    """A Spec-Bench answer line whose turn k made its prefill's token, then accepts[k] tokens per decode step; with
     `cpu_share`, timed once per turn on one thread, having that share of the CPU."""
     timing = {} if cpu_share is None else {"wall_times": [[w] for w in wall_time],
                                            "cpu_times": [[w * cpu_share] for w in wall_time],
                                            "threads": [1] * len(wall_time), "cores": [2] * len(wall_time)}
     return {
         "question_id": question_id, "category": category, "answer_id": f"{method}-{question_id}",
-        "model_id": "m", "method": method, "run_key": run_key, "tstamp": 1.0,
+        "model_id": "m", "method": method, "run_key": run_key, "tstamp": 1.0, "format": RECORD_FORMAT,
         "choices": [{
             "index": 0,
             "turns": [f"answer {k}" for k in range(len(accepts))],
             "decoding_steps": [len(a) for a in accepts],
-            "new_tokens": [sum(a) for a in accepts],
+            "new_tokens": [1 + sum(a) for a in accepts],
             "wall_time": wall_time,
             "accept_lengths": [x for a in accepts for x in a],
-            "token_ids": [list(range(sum(a))) for a in accepts],
+            "token_ids": [list(range(1 + sum(a))) for a in accepts],
             **timing,
         }],
         "exact_match": exact_match,
@@ -77,8 +78,8 @@ def turns_of(category: str) -> int:
 def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], diverge: dict | None = None,
                cpu_share: float | None = None, **kw) -> Path:
     """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
-    `accepts` tokens per forward in each turn (prefill first); `diverge` gives qid -> divergence record; with
-    `cpu_share`, every turn had that share of the CPU."""
+    `accepts` tokens per decode step in each turn (after its prefill's token); `diverge` gives qid -> divergence
+    record; with `cpu_share`, every turn had that share of the CPU."""
     answers, baselines = [], []
     for qid, category in QUESTIONS:
         if qid not in factor:
@@ -97,5 +98,5 @@ def vanilla_records(times: dict[int, float], tokens: int = 12) -> list[dict]:
     out = []
     for qid, category in QUESTIONS:
         turns = turns_of(category)
-        out.append(record(qid, category, "vanilla", [[1] * tokens] * turns, [times[qid] / turns] * turns))
+        out.append(record(qid, category, "vanilla", [[1] * (tokens - 1)] * turns, [times[qid] / turns] * turns))
     return out

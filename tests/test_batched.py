@@ -277,4 +277,4 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
                                              {"choices": [{"token_ids": [expected]}]}, tie_margin)
                 assert divergence["numeric_tie"], (method, divergence)
         if drafter is not None:
-            assert any(n > 1 for t in out.turns for n in t.accept_lengths[1:]), method  # drafts were accepted
+            assert any(n > 1 for t in out.turns for n in t.accept_lengths), method  # drafts were accepted

@@ -116,7 +116,8 @@ def test_best_size_maximises_tokens_per_second():
 
 
 def test_turn_contexts_follow_the_accepted_tokens():
-    assert turn_contexts(10, [1, 3, 1, 2]) == [10, 13, 14]  # the root of each step is not cached yet
+    assert turn_contexts(10, [3, 1, 2]) == [10, 13, 14]  # the root of each step (the prefill's token first) is not
+    # cached yet
 
 
 class FakeClock:
@@ -189,7 +190,7 @@ class NoisyOracle(Drafter):
 
 
 def turn_record(out, wall: float, prompt: list[int]) -> dict:
-    return {"choices": [{"decoding_steps": [out.steps], "accept_lengths": out.accept_lengths,
+    return {"choices": [{"decoding_steps": [out.decode_steps], "accept_lengths": out.accept_lengths,
                          "new_tokens": [len(out.tokens)], "wall_time": [wall], "phase_times": [out.phase_seconds],
                          "verified_tokens": [out.verified_tokens], "tree_steps": [out.tree_steps],
                          "prompt_tokens": [len(prompt)]}]}
@@ -216,7 +217,7 @@ def test_phase_times_add_up_and_the_profile_predicts_the_measured_speedup(slow_m
             out = engine.generate(prompt, stop)
             wall = clock() - began
             assert out.tokens == continuations[tuple(prompt)]
-            assert len(out.verified_tokens) == out.steps - 1 and not any(out.tree_steps)  # chains: no tree mask
+            assert len(out.verified_tokens) == out.decode_steps and not any(out.tree_steps)  # chains: no tree mask
             drafts = DRAFT * len(out.verified_tokens) if engine is oracle else 0.0
             assert out.phase_seconds == pytest.approx({
                 "prefill": BASE + PER_TOKEN * len(prompt), "draft": drafts, "accept": 0.0,

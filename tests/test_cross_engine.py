@@ -25,8 +25,8 @@ def test_eagle_chain_of_k_counts_its_knobs_as_upstream():
     assert "server.num_speculative_tokens=3" in server and "gen.temperature=0" in server
 
 
-def test_step_starts_leave_out_the_prefill_and_the_last_step():
-    assert step_starts([1, 3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}
+def test_step_starts_leave_out_the_last_step():
+    assert step_starts([3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}  # the prefill's token at position 0
 
 
 def test_shared_text_compares_only_turns_written_alike(tmp_path):

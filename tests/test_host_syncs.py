@@ -73,7 +73,7 @@ def test_pld_greedy_makes_one_host_sync_per_step(tiny_model, one_thread):
                                        StopCondition(30))
     assert out.tokens == vanilla_tokens(tiny_model, REPEATING, 30)
     assert max(out.verified_tokens) > 1 and min(out.verified_tokens) == 1  # drafted steps and plain ones
-    assert steps == [1] * (out.steps - 1)
+    assert steps == [1] * (out.decode_steps)
 
 
 @pytest.mark.parametrize("vocab_slice", [False, True])
@@ -83,7 +83,7 @@ def test_medusa_greedy_makes_one_host_sync_per_step(tiny_model, prompts, vocab_s
     out, steps, counter = count_decode_steps(SpeculativeEngine(tiny_model, medusa(tiny_model, 1, vocab_slice)),
                                              prompts[2], StopCondition(40))
     assert out.tokens == vanilla_tokens(tiny_model, prompts[2], 40)
-    assert max(out.verified_tokens) == 17 and len(steps) == out.steps - 1
+    assert max(out.verified_tokens) == 17 and len(steps) == out.decode_steps
     assert steps == [1] * len(steps) and set(counter.kinds) <= {"tolist", "__int__"}  # __int__: an undrafted step
 
 
@@ -103,7 +103,7 @@ def test_sampling_copies_the_step_probabilities_to_the_host_once(tiny_model, met
     engine = SpeculativeEngine(tiny_model, drafter, T08)
     out, steps, counter = count_per_step(lambda: engine.generate(REPEATING, StopCondition(30), seed=0),
                                          engine.drafter, "propose")
-    assert counter.kinds["cpu"] == len(steps) == out.steps - 1
+    assert counter.kinds["cpu"] == len(steps) == out.decode_steps
     assert max(out.verified_tokens) > 1 or method == "vanilla"
     host_reads = {site.split(":")[0] for site in counter.sites if " cpu" not in site and " tolist" not in site}
     assert host_reads <= {"bench/engine/acceptance.py", "bench/engine/sampling.py"}

@@ -117,7 +117,7 @@ def test_greedy_output_equals_vanilla(tiny_model, prompts, one_thread):
         steps = []
         for prompt in prompts:
             out = assert_lossless(tiny_model, LookaheadDrafter(**knobs), prompt, 40)
-            steps.append(out.steps)
+            steps.append(out.decode_steps)
         if knobs.get("window_size", 15) >= 4:
             assert min(steps) < 40  # pooled n-grams got accepted
 
@@ -127,7 +127,7 @@ def test_greedy_output_equals_vanilla_with_sliding_window(windowed_model, prompt
     than the window."""
     knobs = {"window_size": 4, "ngram_size": 3, "guess_set_size": 4}
     outs = [assert_lossless(windowed_model, LookaheadDrafter(**knobs), prompt, 40) for prompt in prompts]
-    assert min(out.steps for out in outs) < 40
+    assert min(out.decode_steps for out in outs) < 40
 
 
 def test_config_builds_the_drafter_with_upstream_knobs(tiny_model):
@@ -227,7 +227,7 @@ def test_greedy_output_equals_vanilla_with_upstream_knobs(tiny_model, windowed_m
     for model in (tiny_model, windowed_model):
         outs = [assert_lossless(model, LookaheadDrafter(**size, **knobs), prompt, 40) for size in sizes
                 for prompt in prompts]
-        assert min(out.steps for out in outs) < 40  # pooled n-grams got accepted
+        assert min(out.decode_steps for out in outs) < 40  # pooled n-grams got accepted
 
 
 @pytest.mark.real_model

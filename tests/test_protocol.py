@@ -37,7 +37,7 @@ class ScriptedBackend(Backend):
 
     @staticmethod
     def turn(ids):
-        return {"text": "a b c", "token_ids": ids, "steps": 2, "wall_time": 0.5, "accept_lengths": [1, 2]}
+        return {"text": "a b c", "token_ids": ids, "decode_steps": 1, "wall_time": 0.5, "accept_lengths": [2]}
 
     def divergence(self, turns, baseline):
         return {"turn": 0, "position": 2, "numeric_tie": False}

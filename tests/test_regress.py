@@ -18,7 +18,7 @@ from bench.report.tables import leaderboard
 from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, vanilla_records, write_run
 
 
-def pld_run(path: Path, accepts: list[int] = (1, 3, 3, 3, 2), factor: float = 1.5, diverge: dict | None = None,
+def pld_run(path: Path, accepts: list[int] = (3, 3, 3, 2), factor: float = 1.5, diverge: dict | None = None,
             limit_to: set[int] | None = None, **kw) -> Path:
     """A pld run on every task (or the questions in `limit_to`), `factor` times vanilla's speed; `diverge` gives
     qid -> divergence record."""
@@ -58,7 +58,7 @@ def test_update_writes_every_method_and_task_and_an_unchanged_baseline_passes(re
     assert data["setting"] == {"model": "m", "device": "cpu", "dtype": "bfloat16", "max_new_tokens": 32,
                                "temperature": 0.0, "batch_size": 1}
     assert sorted(data["methods"]) == ["pld", "vanilla"] and len(data["methods"]["pld"]) == 7
-    assert data["methods"]["pld"]["qa"] == {"n_questions": 1, "mean_accepted_tokens": 2.4, "exact_match": 1.0,
+    assert data["methods"]["pld"]["qa"] == {"n_questions": 1, "mean_accepted_tokens": 2.75, "exact_match": 1.0,
                                             "speedup": 1.5}
     assert data["provenance"]["source"] == str(results) and data["provenance"]["command"].startswith("python ")
     status, text = check(results, baseline)
@@ -66,17 +66,17 @@ def test_update_writes_every_method_and_task_and_an_unchanged_baseline_passes(re
 
 
 def test_baseline_demanding_more_accepted_tokens_fails_naming_method_and_task(results, baseline):
-    edit(baseline, "pld", "qa", mean_accepted_tokens=2.5)  # now 2.4: 4% lower, tolerance 2%
+    edit(baseline, "pld", "qa", mean_accepted_tokens=2.865)  # now 2.75: 4% lower, tolerance 2%
     status, text = check(results, baseline)
     assert status == 1
-    assert "FAIL  pld / qa: mean accepted tokens 2.400 < baseline 2.500 by 4.0% (tolerance 2%" in text
+    assert "FAIL  pld / qa: mean accepted tokens 2.750 < baseline 2.865 by 4.0% (tolerance 2%" in text
     assert text.count("FAIL  ") == 1 and "FAILED: 1 problem(s)" in text
     status, _ = check(results, baseline, mat_tolerance=0.05)  # within a wider tolerance
     assert status == 0
 
 
 def test_mean_accepted_tokens_within_tolerance_passes(results, baseline):
-    edit(baseline, "pld", "overall", mean_accepted_tokens=2.4 * 1.019)
+    edit(baseline, "pld", "overall", mean_accepted_tokens=2.75 * 1.019)
     assert check(results, baseline)[0] == 0
 
 
@@ -145,10 +145,10 @@ def test_update_refuses_runs_that_differ_from_vanilla_and_merges_otherwise(tmp_p
     before = baseline.read_text()
     status, text = check(tmp_path / "bad", baseline, update=True)
     assert status == 1 and "baseline NOT written" in text and baseline.read_text() == before
-    pld_run(tmp_path / "better" / "pld", accepts=(1, 4, 4, 3), factor=2.0)
+    pld_run(tmp_path / "better" / "pld", accepts=(4, 4, 3), factor=2.0)
     assert check(tmp_path / "better", baseline, update=True)[0] == 0
     data = json.loads(baseline.read_text())
-    assert data["methods"]["pld"]["qa"]["mean_accepted_tokens"] == 3.0 and "vanilla" in data["methods"]
+    assert data["methods"]["pld"]["qa"]["mean_accepted_tokens"] == 3.6667 and "vanilla" in data["methods"]
 
 
 def test_cli_exit_codes(results, baseline, capsys):
@@ -176,14 +176,14 @@ def overall_speedup_only(baseline: Path) -> None:
 def test_speedup_fails_only_when_its_whole_interval_lies_below_the_floor(tmp_path, baseline):
     overall_speedup_only(baseline)  # baseline overall 1.5x; floor 1.05 at 30%
     noisy = method_run(tmp_path / "noisy" / "pld", "pld", {81: 0.4, 161: 3.0, 241: 0.5, 321: 0.6, 401: 2.0,
-                                                           481: 0.4}, [1, 3, 3, 3, 2])
+                                                           481: 0.4}, [3, 3, 3, 2])
     row = leaderboard(load_runs(noisy)).set_index("task").loc["overall"]
     assert row.speedup < 1.05 <= row.speedup_ci_high  # below the floor, but its interval reaches it
     status, text = check(noisy.parent, baseline, allow_missing=True)
     assert status == 0 and f"note  pld / overall: speedup {row.speedup:.3f} < baseline 1.500" in text
     assert "reaches the floor" in text and "a noisy run, not failed" in text
     slow = method_run(tmp_path / "slow" / "pld", "pld", {81: 0.7, 161: 0.8, 241: 0.6, 321: 0.75, 401: 0.9,
-                                                         481: 0.65}, [1, 3, 3, 3, 2])
+                                                         481: 0.65}, [3, 3, 3, 2])
     row = leaderboard(load_runs(slow)).set_index("task").loc["overall"]
     status, text = check(slow.parent, baseline, allow_missing=True)
     assert status == 1 and f"FAIL  pld / overall: speedup {row.speedup:.3f} < baseline 1.500" in text
@@ -242,3 +242,16 @@ def test_the_committed_baseline_is_accepted_by_the_gate(tmp_path, batch_column):
     entries = sum(len(tasks) for tasks in data["methods"].values())
     assert status == 0 and f"passed: 0 problem(s); {entries} baseline method x task entries" in text
     assert "batch_size=1" in text
+
+
+def test_a_baseline_of_format_1_is_refused_and_update_rewrites_it(results, baseline):
+    data = json.loads(baseline.read_text())
+    del data["format"]
+    data["methods"]["sps"] = {"overall": {"n_questions": 6, "mean_accepted_tokens": 1.3, "exact_match": 1.0}}
+    baseline.write_text(json.dumps(data))
+    with pytest.raises(RegressError, match=r"counts #MAT with each turn's prefill as a step \(format 1\); rewrite"):
+        check(results, baseline)
+    assert check(results, baseline, update=True)[0] == 0
+    data = json.loads(baseline.read_text())
+    assert data["format"] == 2 and sorted(data["methods"]) == ["pld", "vanilla"]  # format-1 entries dropped
+    assert check(results, baseline)[0] == 0

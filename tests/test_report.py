@@ -39,25 +39,25 @@ def table_rows(markdown: str, index: int = 0) -> list[list[str]]:
 
 def test_overall_is_recomputed_over_questions_not_averaged_over_tasks(tmp_path):
     # qa runs 4x faster with 12 tokens in 0.25 s, rag 1x; vanilla 12 tokens per second everywhere.
-    method_run(tmp_path / "pld", "pld", {321: 4.0, 481: 1.0}, [1, 3, 3, 3, 2])
+    method_run(tmp_path / "pld", "pld", {321: 4.0, 481: 1.0}, [3, 3, 3, 2])
     board = leaderboard(load_runs(tmp_path)).set_index("task")
     assert board.loc["qa", "speedup"] == pytest.approx(4.0) and board.loc["rag", "speedup"] == pytest.approx(1.0)
     # Spec-Bench: mean tokens/s over questions (48 and 12 tokens/s) / vanilla's (12 and 12): 2.5, not (4 + 1) / 2
     assert board.loc["overall", "tokens_per_s"] == pytest.approx(30.0)
     assert board.loc["overall", "baseline_tokens_per_s"] == pytest.approx(12.0)
     assert board.loc["overall", "speedup"] == pytest.approx(2.5)
-    assert board.loc["overall", "mean_accepted_tokens"] == pytest.approx(12 / 5)
-    # accepted draft tokens per decode step are 2, 2, 2, 1 (prefill left out): >= 1 always, >= 2 in 3 of 4, >= 3 never
+    assert board.loc["overall", "mean_accepted_tokens"] == pytest.approx(11 / 4)
+    # accepted draft tokens per decode step are 2, 2, 2, 1: >= 1 always, >= 2 in 3 of 4, >= 3 never
     assert board.loc["overall", ["accept_rate_pos1", "accept_rate_pos2", "accept_rate_pos3"]].tolist() == [1, 0.75, 0]
 
 
 def test_runs_of_separate_tasks_combine_and_the_latest_run_of_a_task_wins(tmp_path):
-    method_run(tmp_path / "pld" / "all", "pld", {q: 2.0 for q, _ in QUESTIONS}, [1, 2, 2, 2, 2, 2, 1],
+    method_run(tmp_path / "pld" / "all", "pld", {q: 2.0 for q, _ in QUESTIONS}, [2, 2, 2, 2, 2, 1],
                finished="2026-01-01T10:00:00")
-    method_run(tmp_path / "pld" / "qa", "pld", {321: 3.0}, [1, 3, 3, 3, 2], task="qa", finished="2026-01-02T10:00:00")
-    method_run(tmp_path / "pld" / "rag-old", "pld", {481: 9.0}, [1, 11], task="rag", finished="2025-12-31T10:00:00")
-    method_run(tmp_path / "sps" / "qa", "sps", {321: 1.5}, [1, 11], task="qa")
-    method_run(tmp_path / "sps" / "rag", "sps", {481: 0.5}, [1, 11], task="rag")
+    method_run(tmp_path / "pld" / "qa", "pld", {321: 3.0}, [3, 3, 3, 2], task="qa", finished="2026-01-02T10:00:00")
+    method_run(tmp_path / "pld" / "rag-old", "pld", {481: 9.0}, [11], task="rag", finished="2025-12-31T10:00:00")
+    method_run(tmp_path / "sps" / "qa", "sps", {321: 1.5}, [11], task="qa")
+    method_run(tmp_path / "sps" / "rag", "sps", {481: 0.5}, [11], task="rag")
     board = leaderboard(load_runs(tmp_path))
     pld = board[board.method == "pld"].set_index("task")
     assert pld.speedup.to_dict() == pytest.approx({"mt_bench": 2.0, "translation": 2.0, "summarization": 2.0,
@@ -72,7 +72,7 @@ def test_runs_of_separate_tasks_combine_and_the_latest_run_of_a_task_wins(tmp_pa
 
 def test_a_run_without_interleaved_baseline_pairs_with_the_vanilla_run(tmp_path):
     write_run(tmp_path / "vanilla", "vanilla", vanilla_records({qid: 2.0 for qid, _ in QUESTIONS}))
-    answers = [record(321, "qa", "pld", [[1, 5, 6]], [0.25])]
+    answers = [record(321, "qa", "pld", [[5, 6]], [0.25])]
     write_run(tmp_path / "pld", "pld", answers, baselines=None, task="qa")  # baseline=false: no baseline.jsonl
     board = leaderboard(load_runs(tmp_path)).set_index(["method", "task"])
     assert board.loc[("pld", "qa"), "baseline_tokens_per_s"] == pytest.approx(6.0)
@@ -81,8 +81,8 @@ def test_a_run_without_interleaved_baseline_pairs_with_the_vanilla_run(tmp_path)
 
 
 def test_baseline_records_of_other_settings_are_ignored(tmp_path):
-    path = method_run(tmp_path / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
-    stale = record(321, "qa", "vanilla", [[1] * 12], [100.0], run_key="older-settings")
+    path = method_run(tmp_path / "pld", "pld", {321: 2.0}, [11], task="qa")
+    stale = record(321, "qa", "vanilla", [[1] * 11], [100.0], run_key="older-settings")
     stale["tstamp"] = 0.5  # written before this run's records
     lines = (path / "baseline.jsonl").read_text()
     (path / "baseline.jsonl").write_text(lines + json.dumps(stale) + "\n" + '{"question_id": 5, "cut off')
@@ -95,7 +95,7 @@ def test_baseline_records_of_other_settings_are_ignored(tmp_path):
 
 def test_variants_of_one_method_get_rows_labelled_by_their_differing_knobs(tmp_path):
     for n in (5, 10):
-        method_run(tmp_path / f"pld{n}", "pld", {321: n / 5}, [1, 11], task="qa",
+        method_run(tmp_path / f"pld{n}", "pld", {321: n / 5}, [11], task="qa",
                    drafter={"_target_": "methods.pld.PromptLookupDrafter", "num_pred_tokens": n, "match": "latest"})
     runs = load_runs(tmp_path)
     assert sorted(method_labels(runs).values()) == ["pld (num_pred_tokens=10)", "pld (num_pred_tokens=5)"]
@@ -106,9 +106,9 @@ def test_variants_of_one_method_get_rows_labelled_by_their_differing_knobs(tmp_p
 def test_exact_match_counts_numeric_ties_apart(tmp_path):
     tie = {"turn": 0, "position": 3, "logit_gap": 0.01, "numeric_tie": True}
     wrong = {"turn": 0, "position": 1, "logit_gap": 3.0, "numeric_tie": False}
-    answers = [record(321, "qa", "pld", [[1, 11]], [0.5], exact_match=False, divergence=tie),
-               record(481, "rag", "pld", [[1, 11]], [0.5], exact_match=False, divergence=wrong),
-               record(401, "math_reasoning", "pld", [[1, 11]], [0.5])]
+    answers = [record(321, "qa", "pld", [[11]], [0.5], exact_match=False, divergence=tie),
+               record(481, "rag", "pld", [[11]], [0.5], exact_match=False, divergence=wrong),
+               record(401, "math_reasoning", "pld", [[11]], [0.5])]
     write_run(tmp_path / "pld", "pld", answers, vanilla_records(BASE_TIME))
     board = leaderboard(load_runs(tmp_path)).set_index("task")
     assert board.loc["overall", ["exact_match", "numeric_ties", "exact_match_or_tie"]].tolist() == \
@@ -121,13 +121,13 @@ def test_exact_match_counts_numeric_ties_apart(tmp_path):
 
 
 def test_the_exact_column_is_left_out_where_every_method_is_exact(tmp_path):
-    method_run(tmp_path / "pld", "pld", {321: 2.0, 481: 1.0}, [1, 3, 3, 3, 2])
+    method_run(tmp_path / "pld", "pld", {321: 2.0, 481: 1.0}, [3, 3, 3, 2])
     assert "Exact" not in wide_table(leaderboard(load_runs(tmp_path))).columns
 
 
 def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):
-    answers = [record(81, "writing", "pld", [[1, 3, 1], [1, 4]], [0.5, 0.5])]
-    write_run(tmp_path / "pld", "pld", answers, [record(81, "writing", "vanilla", [[1] * 5, [1] * 5], [1, 1])])
+    answers = [record(81, "writing", "pld", [[3, 1], [4]], [0.5, 0.5])]
+    write_run(tmp_path / "pld", "pld", answers, [record(81, "writing", "vanilla", [[1] * 4, [1] * 4], [1, 1])])
     runs = select_latest(load_runs(tmp_path))
     assert accept_lengths_by_method(runs, method_labels(runs)) == {"pld": [3, 1, 4]}
 
@@ -138,10 +138,10 @@ def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):
 def report(tmp_path):
     results = tmp_path / "results"
     write_run(results / "vanilla", "vanilla", vanilla_records(BASE_TIME), finished="2026-03-01T09:00:00")
-    method_run(results / "pld", "pld", {q: 1.5 for q, _ in QUESTIONS}, [1, 3, 3, 3, 2], finished="2026-03-02T09:00:00")
-    method_run(results / "sps", "sps", {q: 2.25 for q, _ in QUESTIONS}, [1, 4, 4, 3], finished="2026-03-02T10:00:00")
-    method_run(results / "rest", "rest", {321: 1.2}, [1, 2, 2, 2, 2, 2, 1], task="qa", finished="2026-03-03T09:00:00")
-    method_run(results / "pld-fp32", "pld", {321: 0.5}, [1, 11], dtype="float32", task="qa", device="cuda:0",
+    method_run(results / "pld", "pld", {q: 1.5 for q, _ in QUESTIONS}, [3, 3, 3, 2], finished="2026-03-02T09:00:00")
+    method_run(results / "sps", "sps", {q: 2.25 for q, _ in QUESTIONS}, [4, 4, 3], finished="2026-03-02T10:00:00")
+    method_run(results / "rest", "rest", {321: 1.2}, [2, 2, 2, 2, 2, 1], task="qa", finished="2026-03-03T09:00:00")
+    method_run(results / "pld-fp32", "pld", {321: 0.5}, [11], dtype="float32", task="qa", device="cuda:0",
                device_name="Test GPU", torch_version="2.9.0")
     out = tmp_path / "report"
     board = write_report(results, out)
@@ -168,8 +168,8 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
     rows = table_rows(cpu)
     assert rows[0] == SPEC_BENCH_HEADINGS
     assert [r[0] for r in rows[2:]] == ["sps", "pld", "rest", "vanilla"]  # by overall speedup
-    assert rows[2][1:] == ["2.25x"] * 6 + ["3.00", "2.25x (2.25-2.25)"]  # one question per task: no interval
-    assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.71", "1.20x †"]
+    assert rows[2][1:] == ["2.25x"] * 6 + ["3.67", "2.25x (2.25-2.25)"]  # one question per task: no interval
+    assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.83", "1.20x †"]
     gpu = next(s for s in sections if "float32" in s.splitlines()[0])
     assert "device: cuda:0 (Test GPU)" in gpu and "torch: 2.9.0" in gpu
     assert [r[0] for r in table_rows(gpu)[2:]] == ["pld"] and table_rows(gpu)[2][-1] == "0.50x"
@@ -183,7 +183,7 @@ def test_csv_and_parquet_hold_the_same_numbers_per_method_and_task(report):
         row = frame[(frame.method == "pld") & (frame.task == "qa") & (frame.dtype == "bfloat16")].iloc[0]
         assert row.tokens_per_s == pytest.approx(18.0) and row.baseline_tokens_per_s == pytest.approx(12.0)
         assert row.speedup == pytest.approx(1.5) and row.exact_match == 1.0 and row.n_questions == 1
-        assert row.mean_accepted_tokens == pytest.approx(12 / 5)
+        assert row.mean_accepted_tokens == pytest.approx(11 / 4)
 
 
 def test_acceptance_table_and_plots_and_html(report):
@@ -193,7 +193,7 @@ def test_acceptance_table_and_plots_and_html(report):
     # sps accepts 3, 3, 2 draft tokens in its decode steps
     assert [sps[f"accept_rate_pos{k}"] for k in range(1, 6)] == pytest.approx([1, 1, 2 / 3, 0, 0])
     assert "vanilla" not in set(acceptance.method)
-    assert "| sps | 1.000 | 1.000 | 0.667 | 0.000 | 0.000 | 3.000 |" in (out / "acceptance.md").read_text()
+    assert "| sps | 1.000 | 1.000 | 0.667 | 0.000 | 0.000 | 3.667 |" in (out / "acceptance.md").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 8 and all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     page = (out / "index.html").read_text()
@@ -206,18 +206,18 @@ def test_acceptance_table_and_plots_and_html(report):
 def test_cli_writes_the_report(tmp_path, capsys):
     from bench.report.__main__ import main
 
-    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [1, 11], task="qa")
+    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [11], task="qa")
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
-    assert "| pld | — | — | — | 2.00x | — | — | 6.00 | 2.00x |" in capsys.readouterr().out
+    assert "| pld | — | — | — | 2.00x | — | — | 11.00 | 2.00x |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2")])
 
 
 def custom_task_run(path: Path) -> Path:
     """pld on a qa question (2x) and on two questions of a custom task 'poems' (4x and 2x), vanilla interleaved."""
-    answers = [record(321, "qa", "pld", [[1, 11]], [0.5]), record(9001, "poems", "pld", [[1, 5, 6]], [0.25]),
-               record(9002, "poems", "pld", [[1, 11]], [0.5])]
-    baselines = [record(qid, category, "vanilla", [[1] * 12], [1.0])
+    answers = [record(321, "qa", "pld", [[11]], [0.5]), record(9001, "poems", "pld", [[5, 6]], [0.25]),
+               record(9002, "poems", "pld", [[11]], [0.5])]
+    baselines = [record(qid, category, "vanilla", [[1] * 11], [1.0])
                  for qid, category in [(321, "qa"), (9001, "poems"), (9002, "poems")]]
     return write_run(path, "pld", answers, baselines, task="mine")
 
@@ -229,7 +229,7 @@ def test_a_custom_task_gets_its_own_column_after_spec_bench_s_six_with_its_inter
     assert rows[0] == [*SPEC_BENCH_HEADINGS[:7], "poems", *SPEC_BENCH_HEADINGS[7:]]
     # poems: 48 and 24 tokens/s against 12: 3x; resampling its two questions gives 2x, 3x or 4x
     # overall: 24, 48 and 24 tokens/s against 12: 2.67x
-    assert rows[2] == ["pld", "—", "—", "—", "2.00x", "—", "—", "3.00x (2.00-4.00)", "5.14", "2.67x (2.00-4.00)"]
+    assert rows[2] == ["pld", "—", "—", "—", "2.00x", "—", "—", "3.00x (2.00-4.00)", "8.25", "2.67x (2.00-4.00)"]
     csv = pd.read_csv(tmp_path / "report" / "leaderboard.csv").set_index("task")
     assert csv.loc["poems", ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx([3, 2, 4])
 
@@ -253,8 +253,8 @@ def test_speedup_plot_has_error_bars_every_task_and_a_title_inside_the_figure(tm
 
 
 def test_a_run_timed_while_starved_is_flagged(tmp_path):
-    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0, 481: 1.5}, [1, 11], cpu_share=0.2)
-    method_run(tmp_path / "runs" / "sps", "sps", {321: 1.2, 481: 1.1}, [1, 11], cpu_share=0.95)
+    method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0, 481: 1.5}, [11], cpu_share=0.2)
+    method_run(tmp_path / "runs" / "sps", "sps", {321: 1.2, 481: 1.1}, [11], cpu_share=0.95)
     board = write_report(tmp_path / "runs", tmp_path / "report").set_index(["method", "task"])
     assert board.loc[("pld", "overall"), "cpu_share"] == pytest.approx(0.2)
     assert board.loc[("pld", "overall"), "starved"] and not board.loc[("sps", "overall"), "starved"]
@@ -328,13 +328,13 @@ def test_spec_bench_speed_script_arithmetic_equals_ours_on_our_files(tiny_run, t
 
 
 def test_spec_bench_arithmetic_on_hand_built_files_with_uneven_questions(tmp_path):
-    method_run(tmp_path / "pld", "pld", {81: 3.0, 161: 1.25, 321: 0.8}, [1, 4, 1, 6])
+    method_run(tmp_path / "pld", "pld", {81: 3.0, 161: 1.25, 321: 0.8}, [4, 1, 6])
     ours = leaderboard(load_runs(tmp_path)).set_index("task")
     for task in ["mt_bench", "translation", "qa", "overall"]:
         theirs = spec_bench_speed(tmp_path / "pld" / "answers.jsonl", tmp_path / "pld" / "baseline.jsonl", task)
         assert ours.loc[task, ["tokens_per_s", "baseline_tokens_per_s", "speedup",
                                "mean_accepted_tokens"]].tolist() == pytest.approx(theirs, rel=1e-12)
-    assert ours.loc["overall", "mean_accepted_tokens"] == pytest.approx(3.0)
+    assert ours.loc["overall", "mean_accepted_tokens"] == pytest.approx(11 / 3)
 
 
 def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
@@ -344,12 +344,12 @@ def test_batch_size_sweep_gets_a_table_and_a_plot(tmp_path):
     batch size and a row per method run at two or more, and its plot."""
     everything = {q: 1.0 for q, _ in QUESTIONS}
     for size, factor in ((1, 1.5), (2, 1.0), (4, 0.5)):
-        method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [1, 3, 3, 3, 2],
+        method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [3, 3, 3, 2],
                    batch_size=size)
     for size, factor, sizing in ((2, 1.02, {"sizing": "auto"}), (4, 0.97, {"batch_policy": "adaptive"})):
         method_run(tmp_path / f"pld-auto-b{size}", "pld", {q: factor for q in everything},
-                   [1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1], batch_size=size, sizing=sizing)
-    method_run(tmp_path / "sps-b1", "sps", everything, [1, 11])  # at one batch size only: not in the sweep
+                   [2, 1, 1, 1, 1, 1, 1, 1, 1, 1], batch_size=size, sizing=sizing)
+    method_run(tmp_path / "sps-b1", "sps", everything, [11])  # at one batch size only: not in the sweep
     out = tmp_path / "report"
     board = write_report(tmp_path, out)
     overall = board[board.task == "overall"].set_index(["method", "batch_size"]).speedup
@@ -373,10 +373,10 @@ def test_sweeps_of_two_backends_share_one_figure(tmp_path):
     with device server:vllm as a server run's meta.json has it): a sweep table each, and one figure of both."""
     everything = {q: 1.0 for q, _ in QUESTIONS}
     for size, factor in ((1, 1.5), (2, 1.1)):
-        method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [1, 3, 3, 3, 2],
+        method_run(tmp_path / f"pld-b{size}", "pld", {q: factor for q in everything}, [3, 3, 3, 2],
                    batch_size=size, dtype="float32")
         method_run(tmp_path / f"vllm-c{size}", "vllm_cpu_ngram", {q: factor - 0.2 for q in everything},
-                   [1, 2, 2, 2, 2, 2], batch_size=size, dtype="float32", device="server:vllm")
+                   [2, 2, 2, 2, 2], batch_size=size, dtype="float32", device="server:vllm")
     out = tmp_path / "report"
     write_report(tmp_path, out)
     text = (out / "leaderboard.md").read_text()

@@ -37,7 +37,7 @@ def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
         assert CHOICE_FIELDS <= choice.keys()
         assert len(choice["turns"]) == len(choice["new_tokens"]) == len(choice["wall_time"]) == 2
         assert choice["new_tokens"] == [len(ids) for ids in choice["token_ids"]]
-        assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"]) == sum(choice["decoding_steps"])
+        assert sum(choice["accept_lengths"]) == sum(choice["decoding_steps"]) == sum(choice["new_tokens"]) - 2
     csv = pd.read_csv(out / "summary.csv")
     assert list(csv.task) == ["mt_bench", "overall"] and csv.n_questions.tolist() == [3, 3]
     assert csv.mean_accepted_tokens.tolist() == [1.0, 1.0] and summary.speedup.tolist() == [1.0, 1.0]
@@ -106,7 +106,7 @@ class FlakyEngine:
 
     def generate(self, prompt, stop, seed=None):
         self.calls += 1
-        return TurnOutput(tokens=[1, 2, 3] if self.calls == 1 else [1, 2, 4], accept_lengths=[1, 1, 1])
+        return TurnOutput(tokens=[1, 2, 3] if self.calls == 1 else [1, 2, 4], accept_lengths=[1, 1])
 
 
 def test_repeats_that_give_other_tokens_are_refused(compose):

@@ -154,7 +154,7 @@ def position_counts(target, drafter, runs: int) -> tuple[torch.Tensor, list[int]
     for seed in range(runs):
         out = engine.generate(PROMPT, StopCondition(POSITION + 3), seed=seed)
         counts[out.tokens[POSITION]] += 1
-        accept_lengths += out.accept_lengths[1:]
+        accept_lengths += out.accept_lengths
     return counts, accept_lengths
 
 

@@ -151,7 +151,7 @@ def joint_counts(model, drafter, cfg: SamplingConfig, runs: int) -> tuple[dict[t
         out = engine.generate(PROMPT, StopCondition(NEW), seed=seed)
         key = tuple(out.tokens[:NEW])
         counts[key] = counts.get(key, 0) + 1
-        accept_lengths += out.accept_lengths[1:]
+        accept_lengths += out.accept_lengths
     return counts, accept_lengths
 
 

@@ -77,8 +77,8 @@ def test_llamacpp_timings_without_draft_fields_mean_nothing_was_drafted():
     from bench.measure.serving.acceptance import from_timings
 
     assert from_timings(17, {"predicted_n": 17, "predicted_ms": 140.0}) == {
-        "steps": 17, "accept_lengths": [], "acceptance_source": "llamacpp_timings", "drafted": 0, "accepted": 0}
-    assert from_timings(20, {"predicted_n": 20, "draft_n": 9, "draft_n_accepted": 6})["steps"] == 14
+        "decode_steps": 16, "accept_lengths": [], "acceptance_source": "llamacpp_timings", "drafted": 0, "accepted": 0}
+    assert from_timings(20, {"predicted_n": 20, "draft_n": 9, "draft_n_accepted": 6})["decode_steps"] == 13
     assert from_timings(20, None) is None and from_timings(20, {}) is None
 
 
@@ -95,15 +95,15 @@ def test_llamacpp_records_exact_tokens_acceptance_and_exact_match(compose, token
         choice = answer["choices"][0]
         assert answer["method"] == "llamacpp_ngram" and base["method"] == "vanilla"
         assert choice["new_tokens"] == [MAX_NEW] and choice["token_count_source"] == ["engine"]
-        assert choice["decoding_steps"] == [MAX_NEW - accepted] and choice["accept_lengths"] == []
+        assert choice["decoding_steps"] == [MAX_NEW - 1 - accepted] and choice["accept_lengths"] == []
         assert choice["acceptance_source"] == ["llamacpp_timings"] and choice["accepted"] == [accepted]
         assert choice["turns"] == [tokenizer.decode(choice["token_ids"][0]).strip()]
         assert choice["ttft_s"][0] > 0 and len(choice["itl_s"][0]) == MAX_NEW - 1
         assert choice["wall_time"] == choice["latency"] and choice["group"]["concurrency"] == 1
         assert answer["exact_match"] is True and answer["divergence"] is None
-        assert base["choices"][0]["decoding_steps"] == [MAX_NEW]  # no speculation: one token a step
+        assert base["choices"][0]["decoding_steps"] == [MAX_NEW - 1]  # no speculation: one token a step
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / (MAX_NEW - accepted))
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / (MAX_NEW - 1 - accepted))
     assert math.isnan(overall.accept_rate_pos1)  # llama.cpp's timings have no per-step lengths
     assert overall.exact_match == 1.0 and overall.concurrency == 1
     for column in ("ttft_p50_s", "ttft_p99_s", "itl_p90_s", "e2e_p50_s", "output_tokens_per_s"):
@@ -154,10 +154,10 @@ def test_vllm_acceptance_from_metrics_deltas(compose, tokenizer, tmp_path, capsy
     accepts = speculate(MAX_NEW)  # [2, 0, 1, 2, 0, 0]
     for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
         choice = answer["choices"][0]
-        assert choice["acceptance_source"] == ["vllm_metrics"] and choice["decoding_steps"] == [1 + len(accepts)]
-        assert choice["accept_lengths"] == [1, 3, 3, 2, 1, 1, 1]  # the prefill, then the steps by length
+        assert choice["acceptance_source"] == ["vllm_metrics"] and choice["decoding_steps"] == [len(accepts)]
+        assert choice["accept_lengths"] == [3, 3, 2, 1, 1, 1]  # the decode steps by length
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / (1 + len(accepts)))
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / len(accepts))
     assert overall.accept_rate_pos1 == pytest.approx(3 / 6) and overall.accept_rate_pos2 == pytest.approx(2 / 6)
     assert overall.accept_rate_pos3 == 0.0
     counters = json.loads((tmp_path / "run" / "meta.json").read_text())["server"]["acceptance_counters"]
@@ -176,7 +176,7 @@ def test_llamacpp_per_position_acceptance_from_its_metrics_at_concurrency_1(comp
     for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
         choice = answer["choices"][0]
         assert choice["acceptance_source"] == ["llamacpp_metrics"] and choice["accepted"] == [sum(accepts)]
-        assert choice["accept_lengths"] == [1, 3, 3, 2, 1, 1, 1] and choice["decoding_steps"] == [7]
+        assert choice["accept_lengths"] == [3, 3, 2, 1, 1, 1] and choice["decoding_steps"] == [6]
     overall = summary.iloc[-1]
     assert overall.accept_rate_pos1 == pytest.approx(3 / 6) and overall.accept_rate_pos2 == pytest.approx(2 / 6)
     assert overall.engine_acceptance_length == pytest.approx(1 + sum(accepts) / len(accepts))
@@ -190,19 +190,19 @@ def test_llamacpp_falls_back_to_its_timings_above_concurrency_1(compose, tokeniz
     for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
         choice = answer["choices"][0]
         assert choice["acceptance_source"] == ["llamacpp_timings"] and choice["accept_lengths"] == []
-        assert choice["decoding_steps"] == [7]
+        assert choice["decoding_steps"] == [6]
 
 
 def test_counters_of_a_turn_that_drafted_nothing_give_one_token_steps():
     from bench.measure.serving.acceptance import SpecCounters, from_counters
 
-    assert from_counters(5, SpecCounters(drafts=2.0), "llamacpp_metrics")["accept_lengths"] == [1] * 5
-    assert from_counters(5, SpecCounters(), "llamacpp_metrics")["accept_lengths"] == [1] * 5
+    assert from_counters(5, SpecCounters(drafts=2.0), "llamacpp_metrics")["accept_lengths"] == [1] * 4
+    assert from_counters(5, SpecCounters(), "llamacpp_metrics")["accept_lengths"] == [1] * 4
     leaked = SpecCounters(drafts=9.0, accepted=1.0, per_position={0: 1.0})  # more drafts than the turn had steps
     assert from_counters(5, leaked, "vllm_metrics")["accept_lengths"] == []
 
 
-@pytest.mark.parametrize("fields, lengths", [("2026", [1, 3, 3, 2, 1, 1, 1]), ("2025", []), ("verify", [])])
+@pytest.mark.parametrize("fields, lengths", [("2026", [3, 3, 2, 1, 1, 1]), ("2025", []), ("verify", [])])
 @pytest.mark.parametrize("incremental", [False, True])
 def test_sglang_acceptance_from_generate_meta_info(compose, tokenizer, tmp_path, fields, lengths, incremental):
     engine = FakeEngine(decode=tokenizer.decode, sglang_fields=fields, incremental=incremental)
@@ -216,11 +216,11 @@ def test_sglang_acceptance_from_generate_meta_info(compose, tokenizer, tmp_path,
         assert body["path"] == "/generate" and body["stream"] is True and body["sampling_params"]["temperature"] == 0
         assert choice["token_ids"] == [engine.tokens(body["input_ids"], MAX_NEW)]
         assert choice["turns"] == [tokenizer.decode(choice["token_ids"][0]).strip()]
-        assert choice["acceptance_source"] == ["sglang_meta_info"] and choice["decoding_steps"] == [7]
+        assert choice["acceptance_source"] == ["sglang_meta_info"] and choice["decoding_steps"] == [6]
         assert choice["accepted"] == [sum(accepts)] and choice["accept_lengths"] == lengths
         assert len(choice["itl_s"][0]) == MAX_NEW - 1 and answer["exact_match"] is True
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / 7)
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / 6)
     assert (overall.accept_rate_pos1 == pytest.approx(0.5)) if lengths else math.isnan(overall.accept_rate_pos1)
 
 
@@ -244,8 +244,8 @@ def test_nothing_reported_gives_nan_not_a_number(compose, tokenizer, tmp_path):
 
 def test_metrics_tolerate_unknown_steps():
     record = {"question_id": 1, "category": "qa", "choices": [{"new_tokens": [4, 6], "wall_time": [1.0, 1.0],
-                                                                 "decoding_steps": [None, 3],
-                                                                 "accept_lengths": [1, 3, 2]}]}
+                                                                 "decoding_steps": [None, 2],
+                                                                 "accept_lengths": [3, 2]}]}
     row = summarize("x", [record], {}, ci_samples=0).iloc[-1]
     assert math.isnan(row.mean_accepted_tokens) and row.tokens_per_s == 5.0
     assert row.accept_rate_pos1 == 1.0 and row.accept_rate_pos2 == 0.5  # the known turn's two decode steps
@@ -360,7 +360,7 @@ def test_report_and_regression_gate_read_a_server_run(compose, tokenizer, tmp_pa
     write_report(tmp_path / "run", tmp_path / "report")
     board = pd.read_csv(tmp_path / "report" / "leaderboard.csv")
     row = board[(board.method == "llamacpp_ngram") & (board.task == "overall")].iloc[0]
-    assert row.mean_accepted_tokens == pytest.approx(MAX_NEW / (MAX_NEW - sum(speculate(MAX_NEW))))
+    assert row.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / (MAX_NEW - 1 - sum(speculate(MAX_NEW))))
     assert row.exact_match == 1.0 and row.speedup > 0 and row.device == "server:llamacpp"
     gate = tmp_path / "baseline.json"
     assert regress(tmp_path / "run", gate, update=True) == 0
@@ -378,4 +378,4 @@ def test_chat_endpoint_sends_the_conversation(compose, tokenizer, tmp_path):
     assert second["messages"][1] == {"role": "assistant", "content": answer["turns"][0]}
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
     assert answer["token_count_source"] == ["engine", "engine"]  # vllm.yaml asks for return_token_ids
-    assert answer["decoding_steps"] == answer["new_tokens"]  # no speculation: a token a step
+    assert answer["decoding_steps"] == [n - 1 for n in answer["new_tokens"]]  # no speculation: a token a step

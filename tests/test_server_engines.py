@@ -20,9 +20,9 @@ from tasks.prompts import build_prompt
 from tests.fake_server import DRAFT_WIDTH, FakeEngine, FakeServer, speculate, tgi_metrics_text
 from tests.test_server import MAX_NEW, serve, server_args, tokenizer  # noqa: F401 (tokenizer: a fixture)
 
-ACCEPTS = speculate(MAX_NEW)  # [2, 0, 1, 2, 0, 0]: 5 accepted drafts, 6 speculative steps, 7 steps in all
-STEPS = 1 + len(ACCEPTS)
-BY_LENGTH = [1, 3, 3, 2, 1, 1, 1]  # the prefill's step, then the speculative steps longest first
+ACCEPTS = speculate(MAX_NEW)  # [2, 0, 1, 2, 0, 0]: 5 accepted drafts, 6 decode steps after the prefill
+STEPS = len(ACCEPTS)
+BY_LENGTH = [3, 3, 2, 1, 1, 1]  # the decode steps longest first
 
 
 def run_engine(compose, tokenizer, config: str, counters: str | None, *more: str) -> tuple[FakeEngine, object]:
@@ -62,20 +62,20 @@ def test_tgi_text_in_token_ids_out_and_acceptance_from_its_skipped_tokens_summar
         assert choice["accept_lengths"] == []  # TGI keeps quantiles, not the steps' lengths
         assert answer["exact_match"] is True
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / STEPS)
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / STEPS)
     assert math.isnan(overall.accept_rate_pos1)
     counters = json.loads((tmp_path / "run" / "meta.json").read_text())["server"]["acceptance_counters"]
-    assert counters["drafts"] == 2 * STEPS and counters["accepted"] == 2 * sum(ACCEPTS)  # TGI's steps, prefill's too
-    assert overall.engine_acceptance_length == pytest.approx(MAX_NEW / STEPS)  # 1 + skipped / steps: tokens a step
+    assert counters["drafts"] == 2 * (1 + STEPS) and counters["accepted"] == 2 * sum(ACCEPTS)  # TGI counts prefills
+    assert overall.engine_acceptance_length == pytest.approx(MAX_NEW / (1 + STEPS))  # 1 + skipped / TGI's steps
 
 
 def test_tgi_counts_that_do_not_add_up_to_the_turn_are_not_used():
     counted = parse_tgi_summary(tgi_metrics_text(steps=7, skipped=5))
     assert (counted.drafts, counted.accepted, counted.draft_tokens, counted.per_position) == (7.0, 5.0, 0.0, {})
-    assert from_tgi_steps(12, counted) == {"steps": 7, "accept_lengths": [], "acceptance_source": "tgi_metrics",
-                                           "drafted": None, "accepted": 5}
+    assert from_tgi_steps(12, counted) == {"decode_steps": 6, "accept_lengths": [],
+                                           "acceptance_source": "tgi_metrics", "drafted": None, "accepted": 5}
     assert from_tgi_steps(13, counted) is None  # another request's steps counted in
-    assert from_tgi_steps(4, SpecCounters(drafts=4.0))["accept_lengths"] == [1, 1, 1, 1]
+    assert from_tgi_steps(4, SpecCounters(drafts=4.0))["accept_lengths"] == [1, 1, 1]
     assert from_tgi_steps(4, None) is None
     assert parse_tgi_summary("# TYPE tgi_request_count counter\ntgi_request_count 3\n") is None  # no step yet
 
@@ -101,7 +101,7 @@ def test_lmdeploy_token_ids_in_and_out_and_acceptance_from_its_spec_decode_count
         assert choice["accept_lengths"] == BY_LENGTH and choice["drafted"] == [DRAFT_WIDTH * len(ACCEPTS)]
         assert answer["exact_match"] is True
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / STEPS)
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / STEPS)
     assert overall.accept_rate_pos1 == pytest.approx(3 / 6) and overall.accept_rate_pos2 == pytest.approx(2 / 6)
     assert overall.accept_rate_pos3 == 0.0
     assert overall.engine_acceptance_length == pytest.approx(1 + sum(ACCEPTS) / len(ACCEPTS))
@@ -121,7 +121,7 @@ def test_mlc_llm_acceptance_from_its_debug_engine_metrics(compose, tokenizer, tm
         assert choice["acceptance_source"] == ["mlc_llm_metrics"] and choice["decoding_steps"] == [STEPS]
         assert choice["accept_lengths"] == BY_LENGTH and choice["drafted"] == [DRAFT_WIDTH * len(ACCEPTS)]
     overall = summary.iloc[-1]
-    assert overall.mean_accepted_tokens == pytest.approx(MAX_NEW / STEPS)
+    assert overall.mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / STEPS)
     assert overall.accept_rate_pos1 == pytest.approx(3 / 6) and overall.accept_rate_pos2 == pytest.approx(2 / 6)
     counters = json.loads((tmp_path / "run" / "meta.json").read_text())["server"]["acceptance_counters"]
     assert counters == {"drafts": 12.0, "draft_tokens": 36.0, "accepted": 10.0, "acceptance_length": 1 + 10 / 12,

@@ -32,9 +32,9 @@ def test_llama_server_ngram_speculation_is_recorded_like_our_engine(tmp_path):
         assert choice["token_count_source"] == ["engine"] and choice["new_tokens"] == [len(choice["token_ids"][0])]
         assert choice["token_ids"] == base["choices"][0]["token_ids"] and answer["exact_match"] is True
         assert choice["acceptance_source"] == ["llamacpp_metrics"] and choice["accepted"][0] <= choice["drafted"][0]
-        assert choice["decoding_steps"][0] == choice["new_tokens"][0] - choice["accepted"][0]
+        assert choice["decoding_steps"][0] == choice["new_tokens"][0] - 1 - choice["accepted"][0]
         lengths = choice["accept_lengths"]
-        assert len(lengths) == choice["decoding_steps"][0] and sum(lengths) == choice["new_tokens"][0]
+        assert len(lengths) == choice["decoding_steps"][0] and sum(lengths) == choice["new_tokens"][0] - 1
     overall = summary.set_index("task").loc["overall"]
     assert overall.exact_match == 1.0 and overall.mean_accepted_tokens > 1.0
     assert (tmp_path / "run" / "server.log").read_text().count("--spec-type ngram-simple") == 1

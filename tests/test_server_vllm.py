@@ -35,10 +35,10 @@ def test_vllm_request_metrics_give_each_step_in_order(compose, tokenizer, tmp_pa
     for answer in read_jsonl(tmp_path / "run" / "answers.jsonl"):
         choice = answer["choices"][0]
         assert choice["acceptance_source"] == ["vllm_request_metrics"]
-        assert choice["accept_lengths"] == [1, 3, 1, 2, 3, 1, 1]  # in vLLM's order, the last step cut to the limit
-        assert choice["decoding_steps"] == [1 + len(accepts)] and choice["accepted"] == [sum(accepts)]
+        assert choice["accept_lengths"] == [3, 1, 2, 3, 1, 1]  # in vLLM's order, the last step cut to the limit
+        assert choice["decoding_steps"] == [len(accepts)] and choice["accepted"] == [sum(accepts)]
         assert choice["drafted"] == [DRAFT_WIDTH * len(accepts)]
-    assert summary.iloc[-1].mean_accepted_tokens == pytest.approx(MAX_NEW / 7)
+    assert summary.iloc[-1].mean_accepted_tokens == pytest.approx((MAX_NEW - 1) / 6)
     assert summary.iloc[-1].accept_rate_pos1 == pytest.approx(3 / 6)
 
 
@@ -63,8 +63,8 @@ def test_fit_steps_cuts_the_last_step_and_adds_steps_that_drafted_nothing():
 def test_from_vllm_request_without_per_step_order_uses_the_histogram():
     found = from_vllm_request(10, {"num_accepted_draft_tokens": 4, "acceptance_histogram": [1, 0, 2],
                                    "num_draft_tokens": 6})
-    assert found == {"steps": 6, "accept_lengths": [1, 3, 3, 1, 1, 1], "acceptance_source": "vllm_request_metrics",
-                     "drafted": 6, "accepted": 4}
+    assert found == {"decode_steps": 5, "accept_lengths": [3, 3, 1, 1, 1],
+                     "acceptance_source": "vllm_request_metrics", "drafted": 6, "accepted": 4}
     assert from_vllm_request(10, None) is None and from_vllm_request(10, {"mean_acceptance_length": 1.0}) is None
 
 

@@ -59,14 +59,20 @@ class StopCondition:
 @dataclass
 class TurnOutput:
     tokens: list[int]
-    accept_lengths: list[int] = field(default_factory=list)  # tokens added per target forward (prefill included)
+    accept_lengths: list[int] = field(default_factory=list)  # tokens added per decode step (the prefill's is not one)
     verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
     tree_steps: list[bool] = field(default_factory=list)  # per decode step: its forward took a tree mask
     phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
 
     @property
-    def steps(self) -> int:
+    def decode_steps(self) -> int:
+        """Target forwards after the prefill (Spec-Bench's decoding_steps)."""
         return len(self.accept_lengths)
+
+    @property
+    def target_forwards(self) -> int:
+        """The prefill and every decode step."""
+        return 1 + self.decode_steps
 
 
 def target_forward(model, feature_layers: tuple[int, ...], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,9 +86,9 @@ def target_forward(model, feature_layers: tuple[int, ...], **inputs) -> tuple[to
 
 
 def open_turn(prompt_ids: list[int], root: int, stop: StopCondition) -> tuple[TurnOutput, list[int], bool]:
-    """A row's turn after its prefill picked `root` (one accepted token): its output, its context (prompt + root)
-    and whether it is already over."""
-    out = TurnOutput(tokens=[], accept_lengths=[1])
+    """A row's turn after its prefill picked `root` (its first token, not a decode step): its output, its context
+    (prompt + root) and whether it is already over."""
+    out = TurnOutput(tokens=[], accept_lengths=[])
     done = stop.extend(out.tokens, [root])
     return out, list(prompt_ids) + [root], done
 
@@ -137,7 +143,7 @@ class SpeculativeEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
-        """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per target forward."""
+        """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per decode step."""
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         timer = PhaseTimer(self.device, self.clock, self.event)
         cache = new_cache()

@@ -62,7 +62,7 @@ class QuestionDecoder:
             out, timings = self._repeated(prompt, seed + index, f"question {question['question_id']} turn {index}")
             text = self.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
             conversation.append({"role": "assistant", "content": text})
-            turns.append({"text": text, "token_ids": out.tokens, "steps": out.steps,
+            turns.append({"text": text, "token_ids": out.tokens, "decode_steps": out.decode_steps,
                           "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings),
                           "phase_times": {k: round(v, 6) for k, v in out.phase_seconds.items()},
                           "verified_tokens": out.verified_tokens, "tree_steps": out.tree_steps,
@@ -147,7 +147,7 @@ class BatchQuestionDecoder(QuestionDecoder):
                 text = self.tokenizer.decode(turn.tokens, skip_special_tokens=True).strip()
                 conversations[i].append({"role": "assistant", "content": text})
                 times = self._times(timings, share)
-                results[i].append({"text": text, "token_ids": turn.tokens, "steps": turn.steps,
+                results[i].append({"text": text, "token_ids": turn.tokens, "decode_steps": turn.decode_steps,
                                    "accept_lengths": turn.accept_lengths, "prompt_ids": prompt, **times,
                                    "phase_times": {k: round(v * share, 6) for k, v in out.phase_seconds.items()},
                                    "verified_tokens": turn.verified_tokens, "prompt_tokens": len(prompt),

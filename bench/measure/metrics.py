@@ -8,9 +8,13 @@
   against the baseline decoded in the same batches.
 - mean_latency_s / baseline_mean_latency_s: mean seconds per turn until its last token (at batch 1, its wall time;
   batched, from the batch's start), for the method and its baseline.
-- mean accepted tokens = new tokens / target forwards (prefill included, bonus token counted; vanilla = 1.00); NaN
-  where a turn's steps are unknown (decoding_steps null: a serving engine that reports no acceptance).
-- accept_rate_posK = fraction of decode steps (after prefill) that accepted at least K drafted tokens.
+- decode steps = a turn's target forwards after its prefill (the records' `decoding_steps`; target forwards =
+  decode steps + 1); a decode step's accept length = the tokens it added (accepted drafts + the target's own), the
+  records' `accept_lengths` (bench/records.py). The prefill's token is counted in new tokens, not as a step.
+- mean accepted tokens (#MAT) = mean accept length over all decode steps = (new tokens - turns) / decode steps, what
+  Spec-Bench's evaluation/speed.py prints (np.mean of every accept_lengths entry; vanilla = 1.00); NaN where a turn's
+  steps are unknown (decoding_steps null: a serving engine that reports no acceptance).
+- accept_rate_posK = fraction of decode steps that accepted at least K drafted tokens.
 - exact_match = fraction of questions whose greedy token ids equal the baseline's (NaN when sampling);
   exact_until_divergence = share of the baseline's tokens reproduced before each question's first divergence (1.0 when
   every question matches; after a divergence the texts differ, so the rest measures different text).
@@ -69,15 +73,19 @@ def joules_per_token(records: list[dict]) -> float:
 
 
 def decode_step_accepts(record: dict) -> list[int]:
-    """Accepted draft tokens per decode step, leaving out each turn's prefill step."""
-    choice = record["choices"][0]
-    accepts, start = [], 0
-    for steps in choice["decoding_steps"]:
-        if steps is None:  # a serving engine that did not report its steps: the turn has no accept_lengths either
-            continue
-        accepts += [a - 1 for a in choice["accept_lengths"][start + 1 : start + steps]]
-        start += steps
-    return accepts
+    """Accepted draft tokens per decode step (a step's accept length less the target's own token)."""
+    return [a - 1 for a in record["choices"][0]["accept_lengths"]]
+
+
+def mean_accepted_tokens(records: list[dict]) -> float:
+    """#MAT: tokens per decode step over the records' turns, (new tokens - turns) / decode steps, which equals
+    np.mean(accept_lengths) wherever the steps' lengths are reported; NaN when a turn's steps are unknown or none."""
+    choices = [r["choices"][0] for r in records]
+    steps = [s for c in choices for s in c["decoding_steps"]]
+    if None in steps or not sum(steps):  # None: a serving engine reported no steps
+        return math.nan
+    decoded = sum(n - 1 for c in choices for n in c["new_tokens"] if n)
+    return decoded / sum(steps)
 
 
 def speedup_interval(speeds: np.ndarray, baseline_speeds: np.ndarray, samples: int = BOOTSTRAP_SAMPLES,
@@ -115,8 +123,6 @@ def step_facts(records: list[dict]) -> dict:
 def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict], threshold: float,
          ci_samples: int, ci_seed: int, profile: Profile | None = None) -> dict:
     new_tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
-    turn_steps = [s for r in records for s in r["choices"][0]["decoding_steps"]]
-    steps = math.nan if None in turn_steps else sum(turn_steps)  # None: a serving engine reported no steps
     speed = sum(tokens_per_second(r) for r in records) / len(records)
     pairs = [(r, baselines[r["question_id"]]) for r in records if r["question_id"] in baselines]
     paired = np.array([[tokens_per_second(r), tokens_per_second(b)] for r, b in pairs]).reshape(-1, 2)  # [n, 2]
@@ -136,7 +142,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
         "speedup": speed / baseline_speed if pairs else math.nan,
         "speedup_ci_low": low,
         "speedup_ci_high": high,
-        "mean_accepted_tokens": new_tokens / steps,
+        "mean_accepted_tokens": mean_accepted_tokens(records),
         "mean_latency_s": mean_latency(records),
         "baseline_mean_latency_s": mean_latency([b for _, b in pairs]),
         "joules_per_token": joules_per_token(records),

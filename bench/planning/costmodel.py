@@ -105,12 +105,13 @@ class Profile:
 # --- predictions from a run's records ----------------------------------------------------------------------------
 
 def turn_contexts(prompt_tokens: int, accept_lengths: list[int]) -> list[int]:
-    """The cached context length before each decode step of a turn: the prompt plus the tokens accepted so far but
-    the last (the step's root, verified in it); accept_lengths starts with the prefill's one token."""
-    contexts, length = [], prompt_tokens - 1
-    for accepted in accept_lengths[:-1]:
-        length += accepted
+    """The cached context length before each decode step of a turn: the prompt plus the tokens decoded so far but
+    the last (the step's root, verified in it); accept_lengths holds the decode steps' (the prefill's token is the
+    first step's root)."""
+    contexts, length = [], prompt_tokens
+    for accepted in accept_lengths:
         contexts.append(length)
+        length += accepted
     return contexts
 
 

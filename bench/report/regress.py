@@ -14,6 +14,8 @@ naming the method and task) when:
 - a method x task of the baseline is missing from PATH (unless --allow-missing) or ran on another number of questions.
 A run timed while starved of CPU (bench.measure.contention) is named in a note.
 `--update` writes the baseline from PATH instead (merging into an existing file), after the exact-match check.
+A baseline carries the records' `format` (bench/records.py); one without it counted #MAT with the prefill as a step
+and is refused (`--update` rewrites it from current runs, dropping its old entries).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.records import RECORD_FORMAT
 from bench.report.runs import load_runs, setting_of
 from bench.report.tables import is_flagged, leaderboard
 
@@ -192,6 +195,7 @@ def _relative(path: Path) -> str:
 def update_baseline(path: Path, rows: pd.DataFrame, existing: dict | None, tolerances: dict, source: Path) -> dict:
     first = rows.iloc[0]
     baseline = {
+        "format": RECORD_FORMAT,
         "setting": setting_of(first),
         "tolerances": tolerances,
         "provenance": {"device_name": str(first["device_name"]), "torch": str(first["torch"]),
@@ -212,6 +216,11 @@ def regress(path: Path, baseline_path: Path, mat_tolerance: float | None = None,
     existing = json.loads(baseline_path.read_text()) if baseline_path.exists() else None
     if existing is None and not update:
         raise RegressError(f"no baseline file {baseline_path}; write one from these runs with --update")
+    if existing is not None and existing.get("format", 1) < RECORD_FORMAT:
+        if not update:
+            raise RegressError(f"{baseline_path} counts #MAT with each turn's prefill as a step (format 1); rewrite it "
+                               f"from current runs with --update")
+        existing = {key: value for key, value in existing.items() if key != "methods"}  # format-1 #MATs go
     tolerances = {**DEFAULT_TOLERANCES, **(existing or {}).get("tolerances", {})}
     if mat_tolerance is not None:
         tolerances["mean_accepted_tokens"] = mat_tolerance

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from bench.measure.metrics import ACCEPT_POSITIONS, decode_step_accepts, speedup_text, summarize
+from bench.measure.metrics import ACCEPT_POSITIONS, speedup_text, summarize
 from bench.planning.costmodel import Profile
 from bench.records import PHASES
 from bench.report.runs import SETTING_COLUMNS, method_labels, select_latest
@@ -208,12 +208,12 @@ def setting_facts(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, str]:
 
 
 def accept_lengths_by_method(runs: pd.DataFrame, labels: dict) -> dict[str, list[int]]:
-    """Tokens added per decode step (accepted draft tokens + the target's own), prefill steps left out."""
+    """Tokens added per decode step (accepted draft tokens + the target's own): the records' accept_lengths."""
     out: dict[str, list[int]] = {}
     for row in runs.itertuples():
         label = labels[row.setting, row.method_config]
         if not row.is_baseline:
-            out.setdefault(label, []).extend(a + 1 for a in decode_step_accepts(row.record))
+            out.setdefault(label, []).extend(row.record["choices"][0]["accept_lengths"])
     return out
 
 

@@ -144,7 +144,7 @@ def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Te
 @torch.inference_mode()
 def mean_accepted_tokens(target, draft, prompts: list[list[int]], eos: frozenset[int],
                          settings: SpsTrainSettings) -> float:
-    """Greedy SpS with a fixed γ on the eval prompts: new tokens per target forward (prefill included)."""
+    """Greedy SpS with a fixed γ on the eval prompts: tokens per decode step (Spec-Bench's #MAT, bench/records.py)."""
     drafter = DraftModelDrafter(target, draft_model=draft, num_draft_tokens=settings.eval_draft_tokens, adaptive=False)
     engine, lengths = SpeculativeEngine(target, drafter), []
     for prompt in prompts:

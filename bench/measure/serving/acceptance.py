@@ -1,13 +1,14 @@
 """Acceptance as the engine reports it, turned into our records' fields (decoding_steps, accept_lengths).
 
-A turn of n new tokens with `accepted` accepted draft tokens took n - accepted target steps (each step adds its
-accepted drafts plus one token of the target's own; the prefill's token included), so #MAT = n / steps as for our
-engine. llama.cpp reports `timings.draft_n_accepted` per response; vLLM, LMDeploy and llama.cpp (with --metrics)
-count server-wide on /metrics in Prometheus' text format, read around each request at concurrency 1 (per turn, with
-the per-position counts) and around the run (per run, where other traffic leaks in), as TGI and MLC-LLM do in shapes
-of their own (engine_counters.py); vLLM also per request, in the response, when launched with
---per-request-spec-decode-metrics; SGLang reports per request in its native /generate's meta_info. Where nothing is
-reported the turn's steps are None (NaN in the metrics), never a guess."""
+A turn of n new tokens with `accepted` accepted draft tokens took n - 1 - accepted decode steps after its prefill
+(the prefill gives the first token; each decode step adds its accepted drafts plus one token of the target's own),
+so #MAT = (n - 1) / decode steps, Spec-Bench's definition, as for our engine (bench/records.py). llama.cpp reports
+`timings.draft_n_accepted` per response; vLLM, LMDeploy and llama.cpp (with --metrics) count server-wide on /metrics
+in Prometheus' text format, read around each request at concurrency 1 (per turn, with the per-position counts) and
+around the run (per run, where other traffic leaks in), as TGI and MLC-LLM do in shapes of their own
+(engine_counters.py); vLLM also per request, in the response, when launched with --per-request-spec-decode-metrics;
+SGLang reports per request in its native /generate's meta_info. Where nothing is reported the turn's steps are None
+(NaN in the metrics), never a guess."""
 from __future__ import annotations
 
 import re
@@ -73,8 +74,8 @@ def from_timings(new_tokens: int, timings: dict | None) -> dict | None:
     if not timings or (timings.get("draft_n_accepted") is None and timings.get("predicted_n") is None):
         return None
     accepted = int(timings.get("draft_n_accepted") or 0)
-    return {"steps": new_tokens - accepted, "accept_lengths": [], "acceptance_source": "llamacpp_timings",
-            "drafted": int(timings.get("draft_n") or 0), "accepted": accepted}
+    return {"decode_steps": decode_steps(new_tokens, accepted), "accept_lengths": [],
+            "acceptance_source": "llamacpp_timings", "drafted": int(timings.get("draft_n") or 0), "accepted": accepted}
 
 
 def from_counters(new_tokens: int, delta: SpecCounters | None, source: str) -> dict | None:
@@ -84,24 +85,29 @@ def from_counters(new_tokens: int, delta: SpecCounters | None, source: str) -> d
     if delta is None:
         return None
     accepted = int(round(delta.accepted))
-    steps = new_tokens - accepted
+    steps = decode_steps(new_tokens, accepted)
     lengths: list[int] = []
     if steps > 0 and (delta.per_position or accepted == 0):  # llama.cpp creates per-position series lazily
         counts = [int(round(delta.per_position.get(k, 0.0))) for k in range(max(delta.per_position, default=-1) + 1)]
         exactly = [int(round(delta.drafts)) - (counts[0] if counts else 0)]
         exactly += [counts[k] - counts[k + 1] for k in range(len(counts) - 1)] + counts[-1:]
         lengths = steps_from_histogram(exactly, steps, new_tokens)
-    return {"steps": steps, "accept_lengths": lengths, "acceptance_source": source,
+    return {"decode_steps": steps, "accept_lengths": lengths, "acceptance_source": source,
             "drafted": int(round(delta.draft_tokens)), "accepted": accepted}
 
 
+def decode_steps(new_tokens: int, accepted: int) -> int:
+    """Decode steps of a turn of `new_tokens` tokens of which `accepted` were accepted drafts (the prefill gave one)."""
+    return max(new_tokens - 1 - accepted, 0)
+
+
 def steps_from_histogram(exactly: list[int], steps: int, new_tokens: int) -> list[int]:
-    """A turn's step lengths from how many speculative steps accepted exactly k drafts (`exactly[k]`): the prefill's
-    step, the speculative steps longest first, then one-token steps that drafted nothing. [] when they do not add up
-    to the turn's steps and tokens (other traffic counted in, or a histogram of another turn)."""
+    """A turn's decode step lengths from how many speculative steps accepted exactly k drafts (`exactly[k]`): the
+    speculative steps longest first, then one-token steps that drafted nothing. [] when they do not add up to the
+    turn's decode steps and its tokens after the prefill's (other traffic counted in, or another turn's histogram)."""
     decode = sorted((1 + k for k, n in enumerate(exactly) for _ in range(n)), reverse=True)
-    lengths = [1] + decode + [1] * max(0, steps - 1 - len(decode))
-    return lengths if len(lengths) == steps and sum(lengths) == new_tokens else []
+    lengths = decode + [1] * max(0, steps - len(decode))
+    return lengths if len(lengths) == steps and sum(lengths) == new_tokens - 1 else []
 
 
 def from_vllm_request(new_tokens: int, metrics: dict | None) -> dict | None:
@@ -116,22 +122,22 @@ def from_vllm_request(new_tokens: int, metrics: dict | None) -> dict | None:
     if ordered is None:
         histogram = metrics.get("acceptance_histogram") or []
         ordered = sorted((j for j, count in enumerate(histogram) for _ in range(int(count))), reverse=True)
-    lengths = fit_steps([1] + [1 + int(a) for a in ordered], new_tokens)
-    return {"steps": len(lengths), "accept_lengths": lengths, "acceptance_source": "vllm_request_metrics",
-            "drafted": int(metrics.get("num_draft_tokens") or 0), "accepted": new_tokens - len(lengths)}
+    lengths = fit_steps([1 + int(a) for a in ordered], new_tokens - 1)
+    return {"decode_steps": len(lengths), "accept_lengths": lengths, "acceptance_source": "vllm_request_metrics",
+            "drafted": int(metrics.get("num_draft_tokens") or 0), "accepted": max(new_tokens - 1 - len(lengths), 0)}
 
 
-def fit_steps(lengths: list[int], new_tokens: int) -> list[int]:
-    """Step lengths that add up to the turn's tokens: cut where they reach `new_tokens` (a last step's drafts past
-    max_tokens or a stop are never output), then one-token steps for the steps that drafted nothing (the ngram
-    proposer finding no match), whose place among the others is not reported."""
+def fit_steps(lengths: list[int], decoded: int) -> list[int]:
+    """Decode step lengths that add up to the turn's `decoded` tokens (those after the prefill's): cut where they reach
+    it (a last step's drafts past max_tokens or a stop are never output), then one-token steps for the steps that
+    drafted nothing (the ngram proposer finding no match), whose place among the others is not reported."""
     fitted, total = [], 0
     for length in lengths:
-        if total >= new_tokens:
+        if total >= decoded:
             break
-        fitted.append(min(length, new_tokens - total))
+        fitted.append(min(length, decoded - total))
         total += fitted[-1]
-    return fitted + [1] * (new_tokens - total)
+    return fitted + [1] * (decoded - total)
 
 
 SGLANG_ACCEPTED = ("spec_accepted_drafts", "spec_accepted_tokens", "spec_accept_token_num")  # newest name first
@@ -149,19 +155,20 @@ def from_sglang_meta(new_tokens: int, meta: dict | None) -> dict | None:
     if accepted is None and verify is None:
         return None
     accepted = int(accepted) if accepted is not None else max(0, new_tokens - 1 - int(verify))
-    steps = new_tokens - accepted
+    steps = decode_steps(new_tokens, accepted)
     histogram = meta.get("spec_accept_histogram")
     lengths = steps_from_histogram([int(n) for n in histogram], steps, new_tokens) if histogram else []
     drafted = next((int(meta[k]) for k in SGLANG_DRAFTED if meta.get(k) is not None), None)
-    return {"steps": steps, "accept_lengths": lengths, "acceptance_source": "sglang_meta_info", "drafted": drafted,
-            "accepted": accepted}
+    return {"decode_steps": steps, "accept_lengths": lengths, "acceptance_source": "sglang_meta_info",
+            "drafted": drafted, "accepted": accepted}
 
 
 def no_speculation(new_tokens: int) -> dict:
-    """A server launched without speculation: one token per step, by construction."""
-    return {"steps": new_tokens, "accept_lengths": [1] * new_tokens, "acceptance_source": "no_speculation"}
+    """A server launched without speculation: one token per decode step, by construction."""
+    steps = decode_steps(new_tokens, 0)
+    return {"decode_steps": steps, "accept_lengths": [1] * steps, "acceptance_source": "no_speculation"}
 
 
 def unreported() -> dict:
     """The engine reported nothing: steps unknown."""
-    return {"steps": None, "accept_lengths": [], "acceptance_source": "none"}
+    return {"decode_steps": None, "accept_lengths": [], "acceptance_source": "none"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bench.measure.serving.acceptance import COUNTER_PREFIXES, SAMPLE, SpecCounters, parse_counters
+from bench.measure.serving.acceptance import COUNTER_PREFIXES, SAMPLE, SpecCounters, decode_steps, parse_counters
 from bench.measure.serving.http import get_text, post_text
 
 OWN_FORMATS = ("tgi", "mlc_llm")
@@ -62,14 +62,15 @@ def parse_mlc_metrics(text: str) -> SpecCounters | None:
 
 
 def from_tgi_steps(new_tokens: int, delta: SpecCounters | None) -> dict | None:
-    """Steps of a turn from TGI's summary read around it: its steps and accepted drafts are both counted, so they
-    must add up to the turn's tokens; None where they do not (other traffic counted in) or without counts. Per-step
-    lengths are not reported (a summary keeps quantiles over a window), except that no accepted draft means one
-    token a step."""
+    """Decode steps of a turn from TGI's summary read around it: its steps (the prefill's among them) and accepted
+    drafts are both counted, so they must add up to the turn's tokens; None where they do not (other traffic counted
+    in) or without counts. Per-step lengths are not reported (a summary keeps quantiles over a window), except that
+    no accepted draft means one token a step."""
     if delta is None:
         return None
     steps, accepted = int(round(delta.drafts)), int(round(delta.accepted))
     if steps + accepted != new_tokens:
         return None
-    return {"steps": steps, "accept_lengths": [1] * steps if accepted == 0 else [], "acceptance_source": "tgi_metrics",
-            "drafted": None, "accepted": accepted}
+    decode = decode_steps(new_tokens, accepted)
+    return {"decode_steps": decode, "accept_lengths": [1] * decode if accepted == 0 else [],
+            "acceptance_source": "tgi_metrics", "drafted": None, "accepted": accepted}
