@@ -65,10 +65,14 @@ def median_seconds(call, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def level_cost(hidden: int, layer: torch.nn.Module, sizes: list[int], top_k: int, repeats: int) -> dict:
-    """Seconds of one drafted level's output layer per vocabulary size, and of the head's layer for scale."""
+def level_cost(model, sizes: list[int], top_k: int, repeats: int) -> dict:
+    """Seconds of one drafted level's output layer per vocabulary size, and of a decoder layer of the target's
+    width (the head's one layer) for scale."""
+    hidden = model.config.hidden_size
     states = torch.randn(1, top_k, hidden)
-    cost = {"layer": median_seconds(lambda: layer(states), repeats)}
+    rotary = model.model.rotary_emb(states, torch.arange(top_k)[None])
+    layer = model.model.layers[0]
+    cost = {"layer": median_seconds(lambda: layer(states, position_embeddings=rotary), repeats)}
     for size in sizes:
         weight = torch.randn(size, hidden) / hidden ** 0.5
         cost[size] = median_seconds(lambda: (states @ weight.T).log_softmax(-1).topk(top_k, dim=-1), repeats)
@@ -113,7 +117,7 @@ def main() -> None:
     pairs = read_answers(args.answers)
     heldout, train = pairs[: args.heldout], pairs[args.heldout :]
     shares = coverage([a for _, a in train], [a for _, a in heldout], sizes, model.config.vocab_size)
-    cost = level_cost(model.config.hidden_size, model.model.layers[0], sizes, args.top_k, args.repeats)
+    cost = level_cost(model, sizes, args.top_k, args.repeats)
     from safetensors.torch import load_file
 
     weights = load_file(HEAD / "model.safetensors")

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from transformers import DynamicCache
 
+from bench.errors import ConfigError
 from bench.models import load_model
 from methods.eagle3.checkpoints import load_eagle3
 from methods.eagle3.drafter import Eagle3Drafter
@@ -109,6 +110,24 @@ def test_soft_targets_over_the_whole_vocabulary_give_upstreams_loss(target):
         kept = head.t2d[target_logits.argmax(-1)]
     assert 0 < kept.sum() < kept.numel()
     torch.testing.assert_close(loss, -(p * logq).sum(-1)[kept].mean(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_full_softmax_target_is_recomputed_from_the_last_fused_layer_and_gives_upstreams_loss(target):
+    """target_distribution=full: no cached soft targets; p is the target's softmax over the draft vocabulary, from
+    its last layers run on the cached input of layer L-3, and the loss equals the one over exactly stored
+    log-probabilities of the whole vocabulary, at every unrolled step."""
+    batch = target_batch(target, rows=2, seed=5)
+    draft_ids = torch.arange(0, VOCAB, 3)
+    full, stored = Eagle3Recipe(ttt_steps=3, target_distribution="full"), Eagle3Recipe(ttt_steps=3, soft_top_k=VOCAB)
+    head = fresh_head(target, full, draft_ids)
+    assert full.soft_top_k == 0  # the cache needs no soft targets
+    full_loss, _ = full.loss(head, None, batch, target)
+    stored_loss, _ = stored.loss(head, None, with_soft_targets(batch, target, VOCAB), target)
+    torch.testing.assert_close(full_loss, stored_loss, atol=1e-5, rtol=1e-5)
+    hard_loss, _ = Eagle3Recipe(ttt_steps=3, target_distribution="argmax").loss(head, None, batch, target)
+    assert abs((full_loss - hard_loss).item()) > 1e-3
+    with pytest.raises(ConfigError, match="target_distribution=top64: must be one of full, top_k, argmax"):
+        Eagle3Recipe(target_distribution="top64")
 
 
 def test_soft_targets_of_one_token_are_the_argmax_loss_at_every_unrolled_step(target):

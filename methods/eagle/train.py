@@ -40,8 +40,9 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
     t+k and predicts f_{t+k+1}, attending to the real features 0..t and its own steps 1..k at t (`unrolled_mask`):
     exactly what drafting k+1 tokens beyond an accepted position t computes, the draft's tokens taken as the
     corpus's. In eval mode max(ttt_steps, eval_depths) steps are unrolled, for the held-out agreement per depth.
-    A batch with soft targets (Features.soft_ids) has its cross-entropy taken against the target's distribution
-    (`soft_cross_entropy`) instead of its argmax."""
+    A batch with soft targets (Features.soft_logprobs: over its soft_ids, or with soft_ids None over the whole draft
+    vocabulary) has its cross-entropy taken against the target's distribution (`soft_cross_entropy`) instead of its
+    argmax."""
     features, outputs = batch.hidden[:, :-1], []  # f_t, for token t+1
     if head.training and noise:
         features = features + (torch.rand_like(features) - 0.5) * noise
@@ -61,8 +62,9 @@ def eagle_loss(head: EagleHead, vocab: DraftVocabulary, embed: nn.Embedding, bat
         targets = vocab.slice_positions(ahead(batch.labels, step + 1, length)[keep])  # the target's next token
         logits = vocab(predicted[keep])
         if step < ttt_steps and keep.any():
-            soft = None if batch.soft_ids is None else (
-                vocab.slice_positions(ahead(batch.soft_ids, step + 1, length)[keep]),
+            soft_ids = None if batch.soft_ids is None else ahead(batch.soft_ids, step + 1, length)[keep]
+            soft = None if batch.soft_logprobs is None else (
+                None if soft_ids is None else vocab.slice_positions(soft_ids),
                 ahead(batch.soft_logprobs, step + 1, length)[keep])
             loss = loss + ttt_decay ** step * step_loss(predicted[keep], ahead(batch.hidden, step + 1, length)[keep],
                                                         logits, targets, feature_weight, token_weight, loss.dtype, soft)
@@ -94,8 +96,12 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, soft_positio
     """Mean over the rows whose target argmax lies in the draft vocabulary (targets != -100) of -sum_j p_j log q_j:
     q the draft's softmax over its vocabulary (logits [N, V']), p the target's distribution over the draft
     vocabulary (SafeAILab's EAGLE-3 loss), known here from the target's top-k (soft_positions [N, k], their slice
-    positions, -100 outside the slice; soft_logprobs [N, k]) and renormalised over those inside the slice."""
+    positions, -100 outside the slice; soft_logprobs [N, k]) and renormalised over those inside the slice, or, with
+    soft_positions None, from the target's log-probabilities over the whole draft vocabulary (soft_logprobs [N, V'])."""
     valid = targets != -100
+    if soft_positions is None:
+        weights = soft_logprobs[valid].float().softmax(-1)
+        return -(weights * logits[valid].float().log_softmax(-1)).sum(-1).mean()
     positions, inside = soft_positions[valid], soft_positions[valid] != -100
     weights = soft_logprobs[valid].float().masked_fill(~inside, float("-inf")).softmax(-1)
     logq = logits[valid].float().log_softmax(-1).gather(-1, positions.clamp(min=0))

@@ -28,6 +28,7 @@ SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # the corpus when f
 STORED_DTYPES = ("bfloat16", "float16", "float32")
 SOURCES = ("sharegpt", "self_distill")
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
+RECIPE_CHOICES = {"target_distribution": ("full", "top_k", "argmax")}  # train.recipe.<key>: its values (EAGLE-3's)
 RECIPE_COUNTS = {"num_heads": 1, "ttt_steps": 1, "num_layers": 0, "soft_top_k": 0}  # train.<key>: its least value
 
 
@@ -221,11 +222,14 @@ class TrainSettings(StintSettings):
 
     def recipe_problems(self) -> list[str]:
         """The rules of the recipe's own knobs: its shape (RECIPE_COUNTS, where the recipe has them) and the
-        arguments of `train.recipe` (loss weights and decays: numbers >= 0)."""
+        arguments of `train.recipe` (RECIPE_CHOICES' named values; loss weights and decays: numbers >= 0)."""
         counts = [problem for key, least in RECIPE_COUNTS.items() if key in self.config
                   for problem in whole_numbers(least, {f"train.{key}": self.config[key]})]
         recipe = self.config.get("recipe") or {}
-        return [*counts, *numbers({f"train.recipe.{key}": value for key, value in recipe.items() if key != "_target_"})]
+        choices = [f"train.recipe.{key}={recipe[key]}: must be one of {', '.join(allowed)}"
+                   for key, allowed in RECIPE_CHOICES.items() if key in recipe and recipe[key] not in allowed]
+        return [*counts, *choices, *numbers({f"train.recipe.{key}": value for key, value in recipe.items()
+                                             if key != "_target_" and key not in RECIPE_CHOICES})]
 
 
 @dataclass(frozen=True)

@@ -439,6 +439,8 @@ def heads_card(recipe: Recipe, settings: TrainSettings, features: FeatureSetting
     """card.json of trained heads: every stint, the totals, this stint's data, loss and held-out agreement, recipe,
     machine."""
     data = data_record(features, train_sequences, heldout_sequences, getattr(recipe, "soft_top_k", 0))
+    if target := getattr(recipe, "target_record", lambda: None)():
+        data["soft_targets"] = target
     this = stint_record(state, state["step"] * settings.batch_size * features.seq_len, data, final)
     stints = [*state["earlier"], this]
     return {
