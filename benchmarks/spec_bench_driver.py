@@ -26,7 +26,6 @@ What runs is Spec-Bench's: `recycling_forward` of evaluation/inference_recycling
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import types
@@ -36,6 +35,7 @@ from upstream_driver import (
     StubTokenizer,
     cut,
     forwards_until_done,
+    run_job,
     running_sums,
     set_rope_base,
     sliced_head,
@@ -137,12 +137,8 @@ RUNNERS = {"recycling": run_recycling, "samd": run_samd}
 
 
 def main() -> None:
-    root, job_path, out_path = sys.argv[1:4]
-    import_spec_bench(root)
-    job = json.load(open(job_path))
-    torch.manual_seed(0)
-    out = {run["name"]: RUNNERS[run["method"]](job, run) for run in job["runs"]}
-    json.dump(out, open(out_path, "w"))
+    import_spec_bench(sys.argv[1])
+    run_job(RUNNERS, *sys.argv[2:4])
 
 
 if __name__ == "__main__":

@@ -225,12 +225,16 @@ def run_eagle(job: dict, run: dict) -> list[dict]:
 RUNNERS = {"lookahead": run_lade, "medusa": run_medusa, "eagle": run_eagle}
 
 
-def main() -> None:
-    job_path, out_path = sys.argv[1:3]
+def run_job(runners: dict, job_path: str, out_path: str) -> None:
+    """Every run of the job file by its method's runner; the results to out_path."""
     job = json.load(open(job_path))
     torch.manual_seed(0)
-    out = {run["name"]: RUNNERS[run["method"]](job, run) for run in job["runs"]}
+    out = {run["name"]: runners[run["method"]](job, run) for run in job["runs"]}
     json.dump(out, open(out_path, "w"))
+
+
+def main() -> None:
+    run_job(RUNNERS, *sys.argv[1:3])
 
 
 if __name__ == "__main__":
