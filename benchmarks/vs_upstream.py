@@ -18,7 +18,8 @@ n_predicts 40, len_threshold 5, len_bias 5, no static corpus) run from a checkou
 default $SPECBENCH_CACHE/spec-bench) by benchmarks/spec_bench_driver.py. Their drafters keep state across prompts
 upstream (one matrix; SAMD's recycling cache), so both sides decode Spec-Bench's sequence through one drafter
 object: its warm-up (both turns of the first question, 3 times, not counted), then the prompts; our rows pass every
-knob that shapes that state explicitly, and say so.
+knob that shapes that state explicitly, and say so. SAMD's generate decodes one token past max_new_tokens, and its
+recycling fallback learns from it: the samd[recycling] row does too (forwards counted until max_new_tokens).
 
 The upstream side runs in side virtual environments, made once in $SPECBENCH_CACHE/upstream-venv and
 $SPECBENCH_CACHE/spec-bench-venv (default ~/.cache/specbench/...) with --system-site-packages, so they reuse this
@@ -29,6 +30,7 @@ not matter.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -44,7 +46,7 @@ from bench.artifacts import PROJECT_ROOT, cache_dir
 from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import dequantized_gguf, eos_token_ids, load_model
-from benchmarks.upstream_driver import spec_bench_order
+from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
 from methods.eagle.checkpoints import load_eagle
 from methods.eagle.static import Eagle1Drafter
 from methods.lookahead import LookaheadDrafter
@@ -273,9 +275,10 @@ def spec_bench_comparisons(methods: set[str], model, tokenizer, heads_dir: Path,
                          "ours": lambda knobs=knobs: RecyclingDrafter(model, **knobs)})
     if "samd" in methods:
         recycling, missing = samd_recycling_knobs(spec_bench)
-        rows.append({**common, "method": "samd[recycling]",
-                     "settings": f"{knob_text(SAMD)} fallback=recycling {knob_text(recycling, 'recycling.')}{missing} "
-                                 "vs Spec-Bench inference_samd --tree_method token_recycle",
+        rows.append({**common, "method": "samd[recycling]", "decode_past": 1,
+                     "settings": f"{knob_text(SAMD)} fallback=recycling {knob_text(recycling, 'recycling.')}{missing}, "
+                                 "1 token decoded past max_new_tokens as upstream's generate, vs Spec-Bench "
+                                 "inference_samd --tree_method token_recycle",
                      "ours": lambda: SamdDrafter(model, tokenizer, **SAMD, fallback="recycling", recycling=recycling),
                      "upstream": {"method": "samd", **SAMD, "tree_method": "token_recycle"}})
         head = compose_config("method=samd", "model=smollm2_135m").method.drafter.eagle2.checkpoint
@@ -291,14 +294,20 @@ def spec_bench_comparisons(methods: set[str], model, tokenizer, heads_dir: Path,
     return rows
 
 
-def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition) -> list:
-    """Our outputs of `prompts`: a fresh drafter per prompt, or (rows with a warm-up) one drafter through
-    Spec-Bench's sequence, the warm-up's outputs left out."""
+def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition) -> list[tuple[list[int], int]]:
+    """Our (tokens, target forwards until they were known) per prompt: a fresh drafter per prompt, or (rows with a
+    warm-up) one drafter through Spec-Bench's sequence, the warm-up left out. Rows with `decode_past` decode that
+    many tokens past max_new_tokens, as upstream's loop does (what the drafter learns from them carries over)."""
     if "warmup" not in row:
-        return [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
-    engine = SpeculativeEngine(model, row["ours"]())
-    outputs = [(counted, engine.generate(p, stop)) for counted, p in spec_bench_order(prompts, row["warmup"])]
-    return [out for counted, out in outputs if counted]
+        outputs = [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
+    else:
+        engine = SpeculativeEngine(model, row["ours"]())
+        longer = dataclasses.replace(stop, max_new_tokens=stop.max_new_tokens + row.get("decode_past", 0))
+        outputs = [out for counted, out in ((counted, engine.generate(p, longer))
+                                            for counted, p in spec_bench_order(prompts, row["warmup"])) if counted]
+    counted = [out.tokens[: stop.max_new_tokens] for out in outputs]
+    return [(tokens, forwards_until_done(running_sums(out.accept_lengths[1:], start=1), tokens))
+            for tokens, out in zip(counted, outputs)]
 
 
 def run_upstream(side: str, rows: list[dict], job: dict, tmp: Path, spec_bench: Path | None) -> dict:
@@ -352,8 +361,8 @@ def main() -> None:
                                          spec_bench))
         for row in rows:
             outs = our_outputs(model, row, prompts, stop)
-            row["our_tokens"] = [out.tokens for out in outs]
-            row["our_mat"] = sum(len(o.tokens) for o in outs) / sum(o.steps for o in outs)
+            row["our_tokens"] = [tokens for tokens, _ in outs]
+            row["our_mat"] = sum(len(tokens) for tokens, _ in outs) / sum(forwards for _, forwards in outs)
     print(f"{len(prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, greedy, "
           f"float32, SmolLM2-135M")
     print("| method | settings | our #MAT | upstream #MAT | difference | tokens equal |")
