@@ -306,8 +306,15 @@ def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition)
         outputs = [out for counted, out in ((counted, engine.generate(p, longer))
                                             for counted, p in spec_bench_order(prompts, row["warmup"])) if counted]
     counted = [out.tokens[: stop.max_new_tokens] for out in outputs]
-    return [(tokens, forwards_until_done(running_sums(out.accept_lengths[1:], start=1), tokens))
+    return [(tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens))
             for tokens, out in zip(counted, outputs)]
+
+
+def decode_step_lengths(out) -> list[int]:
+    """Tokens each decode step added: TurnOutput.accept_lengths, less the prefill's entry where it books one (the
+    prefill's token counted as a step, before issue 42's Spec-Bench counting)."""
+    lengths = out.accept_lengths
+    return lengths[1:] if sum(lengths) == len(out.tokens) else lengths
 
 
 def run_upstream(side: str, rows: list[dict], job: dict, tmp: Path, spec_bench: Path | None) -> dict:

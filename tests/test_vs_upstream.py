@@ -1,11 +1,18 @@
 """The pure parts of benchmarks/vs_upstream.py and its drivers: Spec-Bench's prompt order, forwards counted from
 accept lengths, SAM-Decoding's tree file as choices, the missing checkout's message."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
-from benchmarks.vs_upstream import knob_text, recycle_tree_choices, samd_recycling_knobs, spec_bench_checkout
+from benchmarks.vs_upstream import (
+    decode_step_lengths,
+    knob_text,
+    recycle_tree_choices,
+    samd_recycling_knobs,
+    spec_bench_checkout,
+)
 from methods.recycling import TEMPLATES
 
 TREE_ADJ = {"0": [1, 2, 3], "1": [4, 5], "2": [6], "3": [], "4": [7], "5": [], "6": [], "7": []}
@@ -52,3 +59,8 @@ def test_a_missing_spec_bench_checkout_says_how_to_get_it(tmp_path):
         spec_bench_checkout(str(tmp_path / "nowhere"))
     assert str(stop.value) == (f"no Spec-Bench checkout in {tmp_path / 'nowhere'}: git clone "
                                f"https://github.com/hemingkx/Spec-Bench {tmp_path / 'nowhere'} (or --spec-bench DIR)")
+
+
+def test_decode_step_lengths_leave_out_the_prefill_whether_or_not_the_engine_books_it():
+    assert decode_step_lengths(SimpleNamespace(tokens=[5, 6, 7, 8], accept_lengths=[1, 2, 1])) == [2, 1]
+    assert decode_step_lengths(SimpleNamespace(tokens=[5, 6, 7, 8], accept_lengths=[2, 1])) == [2, 1]
