@@ -1,5 +1,6 @@
 """The upstream side of benchmarks/vs_upstream.py: runs in the side virtual environment (transformers 4.34.1 with
-lade 0.0.2, medusa-llm 0.1, eagle-llm 1.2.1), never in the project's. Our own glue around the installed packages:
+lade 0.0.2, medusa-llm 0.1, eagle-llm 1.2.1), never in the project's. Our own glue around the installed packages
+(the helpers before the runners are shared with spec_bench_driver.py):
 
     <venv>/bin/python benchmarks/upstream_driver.py JOB.json OUT.json
 
@@ -68,6 +69,27 @@ def sliced_head(lm_head: nn.Linear, slice_ids: torch.Tensor) -> nn.Linear:
 def cut(tokens: list[int], eos: int, limit: int) -> list[int]:
     tokens = tokens[:limit]
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def forwards_until_done(known_after_step: list[int], tokens: list[int]) -> int:
+    """Target forwards (the prefill, then one per step) until all of `tokens` (already cut at max_new_tokens or
+    EOS) were known; known_after_step[s]: how many new tokens were known after decode step s."""
+    return 1 + next((s + 1 for s, known in enumerate(known_after_step) if known >= len(tokens)),
+                    len(known_after_step))
+
+
+def running_sums(values: list[int], start: int = 0) -> list[int]:
+    sums, total = [], start
+    for value in values:
+        total += value
+        sums.append(total)
+    return sums
+
+
+def spec_bench_order(prompts: list[list[int]], warmup: int) -> list[tuple[bool, list[int]]]:
+    """(counted, prompt) in the order Spec-Bench's evaluation/eval.py decodes them: `warmup` times both turns of the
+    first question (prompts[:2]), uncounted, then every prompt."""
+    return [(False, p) for _ in range(warmup) for p in prompts[:2]] + [(True, p) for p in prompts]
 
 
 # --- lookahead (lade) -------------------------------------------------------------------------------------------
@@ -203,12 +225,16 @@ def run_eagle(job: dict, run: dict) -> list[dict]:
 RUNNERS = {"lookahead": run_lade, "medusa": run_medusa, "eagle": run_eagle}
 
 
-def main() -> None:
-    job_path, out_path = sys.argv[1:3]
+def run_job(runners: dict, job_path: str, out_path: str) -> None:
+    """Every run of the job file by its method's runner; the results to out_path."""
     job = json.load(open(job_path))
     torch.manual_seed(0)
-    out = {run["name"]: RUNNERS[run["method"]](job, run) for run in job["runs"]}
+    out = {run["name"]: runners[run["method"]](job, run) for run in job["runs"]}
     json.dump(out, open(out_path, "w"))
+
+
+def main() -> None:
+    run_job(RUNNERS, *sys.argv[1:3])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Parity check: our Lookahead, Medusa and EAGLE-1 against the reference implementations on the package index.
+"""Parity check: our Lookahead, Medusa and EAGLE-1 against the reference implementations on the package index, and
+our Token Recycling and SAM-Decoding against Spec-Bench's own runners.
 
-    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle] [--questions 81,82] [--max-new-tokens 64]
+    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle,recycling,samd] [--questions 81,82]
+        [--max-new-tokens 64] [--spec-bench DIR]
 
 Both sides decode the same prompt token ids (MT-bench questions 81-82, both turns, turn 2 asked after vanilla's
 turn-1 answer; our chat template), greedily in float32 on SmolLM2-135M (the dequantized GGUF folder that
@@ -11,14 +13,25 @@ the same nodes as a choices list; EAGLE-1 with eagle-llm's static tree (its `mc_
 the vocabulary slice). Prints, per method: our and upstream's #MAT (tokens per target forward, the prefill
 included), their relative difference, and whether the tokens are equal (else the first divergence).
 
-The upstream side runs in a side virtual environment, made once in $SPECBENCH_CACHE/upstream-venv (default
-~/.cache/specbench/upstream-venv) with --system-site-packages, so it reuses this machine's torch; the packages are
-installed with --no-deps and only the dependencies the code paths need are added, pinned (UPSTREAM_PINS). The
-driver benchmarks/upstream_driver.py runs there as a subprocess. #MAT is a count, so machine load does not matter.
+Token Recycling and SAM-Decoding (its Token Recycling and EAGLE-2 fallbacks, as Spec-Bench's eval.sh sets SAMD:
+n_predicts 40, len_threshold 5, len_bias 5, no static corpus) run from a checkout of hemingkx/Spec-Bench (--spec-bench,
+default $SPECBENCH_CACHE/spec-bench) by benchmarks/spec_bench_driver.py. Their drafters keep state across prompts
+upstream (one matrix; SAMD's recycling cache), so both sides decode Spec-Bench's sequence through one drafter
+object: its warm-up (both turns of the first question, 3 times, not counted), then the prompts; our rows pass every
+knob that shapes that state explicitly, and say so. SAMD's generate decodes one token past max_new_tokens, and its
+recycling fallback learns from it: the samd[recycling] row does too (forwards counted until max_new_tokens).
+
+The upstream side runs in side virtual environments, made once in $SPECBENCH_CACHE/upstream-venv and
+$SPECBENCH_CACHE/spec-bench-venv (default ~/.cache/specbench/...) with --system-site-packages, so they reuse this
+machine's torch; the packages are installed with --no-deps and only the dependencies the code paths need are added,
+pinned (UPSTREAM_PINS, SPEC_BENCH_PINS). The drivers run there as subprocesses. #MAT is a count, so machine load does
+not matter.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -33,11 +46,14 @@ from bench.artifacts import PROJECT_ROOT, cache_dir
 from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import dequantized_gguf, eos_token_ids, load_model
+from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
 from methods.eagle.checkpoints import load_eagle
 from methods.eagle.static import Eagle1Drafter
 from methods.lookahead import LookaheadDrafter
 from methods.medusa.checkpoints import load_medusa
 from methods.medusa.drafter import MedusaDrafter
+from methods.recycling import TEMPLATES, RecyclingDrafter
+from methods.samd import SamdDrafter
 from tasks import read_questions
 from tasks.prompts import build_prompt
 
@@ -46,27 +62,45 @@ from tasks.prompts import build_prompt
 # (fschat, gradio, accelerate==0.21, ...) are not used by the code run here.
 UPSTREAM_PINS = ("lade==0.0.2", "medusa-llm==0.1", "eagle-llm==1.2.1", "transformers==4.34.1", "tokenizers==0.14.1",
                  "huggingface_hub==0.17.3")
-DRIVER = Path(__file__).with_name("upstream_driver.py")
+# Spec-Bench's requirements.txt pins transformers 4.37.1 (its SAMD patches LlamaModel.forward of that version);
+# tokenizers and huggingface_hub are the newest that version allows.
+SPEC_BENCH_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hub==0.20.3")
+SPEC_BENCH_GET = "git clone https://github.com/hemingkx/Spec-Bench {dir}"
+SPEC_BENCH_METHODS = {"recycling", "samd"}
+DRIVERS = {"packages": Path(__file__).with_name("upstream_driver.py"),
+           "spec-bench": Path(__file__).with_name("spec_bench_driver.py")}
+SIDES = {"packages": ("upstream-venv", UPSTREAM_PINS), "spec-bench": ("spec-bench-venv", SPEC_BENCH_PINS)}
+SPEC_BENCH_WARMUP = 3  # evaluation/eval.py: both turns of the first question, 3 times, before the counted ones
+SAMD = {"n_predicts": 40, "len_threshold": 5, "len_bias": 5}  # Spec-Bench's eval.sh
+SAMD_EAGLE2_TREE = {"total_token": 63, "depth": 5, "top_k": 8}  # model/samd's Eagle2Model defaults
 MEDUSA_TREE = [1, 7, 6]  # medusa-llm 0.1's medusa_generate default
 LOOKAHEAD = {"window_size": 15, "ngram_size": 5, "guess_set_size": 15}
 UPSTREAM_LOOKAHEAD = {"initial_window": "upstream", "max_accept": "n_minus_1", "seed": 10}  # + slide
 
 
-def side_venv() -> Path:
-    """The side environment's python, made on first use (pins recorded in the venv; a change rebuilds it)."""
-    venv = cache_dir() / "upstream-venv"
+def side_venv(name: str, pins: tuple[str, ...]) -> Path:
+    """A side environment's python, made on first use (pins recorded in the venv; a change rebuilds it)."""
+    venv = cache_dir() / name
     python, stamp = venv / "bin" / "python", venv / "specbench-pins.txt"
-    if stamp.exists() and stamp.read_text() == "\n".join(UPSTREAM_PINS):
+    if stamp.exists() and stamp.read_text() == "\n".join(pins):
         return python
-    print(f"making the upstream side environment in {venv}", file=sys.stderr)
+    print(f"making the side environment {venv}", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *UPSTREAM_PINS], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *pins], check=True)
     side_torch = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], check=True,
                                 capture_output=True, text=True).stdout.strip()
     if side_torch != torch.__version__:
         raise RuntimeError(f"the side environment's torch is {side_torch}, not this one's {torch.__version__}")
-    stamp.write_text("\n".join(UPSTREAM_PINS))
+    stamp.write_text("\n".join(pins))
     return python
+
+
+def spec_bench_checkout(folder: str | None) -> Path:
+    """The Spec-Bench checkout; a missing one stops the run, saying how to get it."""
+    path = Path(folder).expanduser() if folder else cache_dir() / "spec-bench"
+    if not (path / "model" / "samd" / "samd_model.py").exists():
+        raise SystemExit(f"no Spec-Bench checkout in {path}: {SPEC_BENCH_GET.format(dir=path)} (or --spec-bench DIR)")
+    return path
 
 
 def rope_theta(config) -> float:
@@ -194,9 +228,105 @@ def comparisons(methods: set[str], model, heads_dir: Path) -> list[dict]:
         rows.append({"method": "eagle", "settings": "static tree mc_sim_7b_63 (= eagle_7b_25, 25 nodes)",
                      "ours": lambda: Eagle1Drafter(model, checkpoint=eagle_head, choices="eagle_7b_25"),
                      "upstream": {"method": "eagle", "head_dir": str(folder), "tree_choices": TREES["eagle_7b_25"]}})
-    for index, row in enumerate(rows):
-        row["upstream"]["name"] = f"run{index}"
     return rows
+
+
+def recycle_tree_choices(tree_adj: dict[str, list[int]]) -> list[list[int]]:
+    """SAM-Decoding's Token Recycling tree (model/samd/config/token_recycle.json: node -> its children in rank order,
+    node 0 the root) as our template's choices, breadth-first (so level by level)."""
+    choices, queue = [], [(0, [])]
+    for node, path in queue:  # the queue grows while it is read
+        for rank, child in enumerate(tree_adj[str(node)]):
+            queue.append((child, path + [rank]))
+            choices.append(path + [rank])
+    return choices
+
+
+def knob_text(knobs: dict, prefix: str = "") -> str:
+    """`knobs` as the overrides that set them; a list (a tree's choices) by its size."""
+    def value(v):
+        return f"<{len(v)} choices>" if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else v
+    return " ".join(f"{prefix}{name}={value(v)}" for name, v in knobs.items())
+
+
+def samd_recycling_knobs(spec_bench: Path) -> tuple[dict, str]:
+    """Our recycling fallback's knobs for upstream's (its 60-node tree, never reset, seeded from the prefill's rows),
+    and what this branch cannot set yet."""
+    tree_adj = json.loads((spec_bench / "model" / "samd" / "config" / "token_recycle.json").read_text())["tree_adj"]
+    upstream_tree = recycle_tree_choices(tree_adj)
+    knobs = {"k": 8, "template": "samd" if "samd" in TEMPLATES else upstream_tree, "carry_over": True}
+    missing = " (TEMPLATES['samd'] is not token_recycle.json's tree)" if TEMPLATES.get("samd", upstream_tree) != \
+        upstream_tree else ""
+    if "seed_from_prefill" in inspect.signature(RecyclingDrafter).parameters:
+        return {**knobs, "seed_from_prefill": True}, missing
+    return knobs, missing + " (no seed_from_prefill knob in this branch: rows not seeded from the prefill)"
+
+
+def spec_bench_comparisons(methods: set[str], model, tokenizer, heads_dir: Path, spec_bench: Path | None) -> list[dict]:
+    """Rows against Spec-Bench's runners: one drafter object through Spec-Bench's sequence (its warm-up first)."""
+    rows = []
+    common = {"side": "spec-bench", "warmup": SPEC_BENCH_WARMUP}
+    if "recycling" in methods:
+        upstream = {"method": "recycling", "output_id_topk": 8, "tree_version": "2.2.2"}
+        for carry_over in (True, False):
+            knobs = {"k": 8, "template": "2.2.2", "carry_over": carry_over}
+            rows.append({**common, "method": "recycling", "upstream": upstream, "settings": f"{knob_text(knobs)} vs "
+                         "Spec-Bench inference_recycling --output-id-topk 8 --tree_version 2.2.2",
+                         "ours": lambda knobs=knobs: RecyclingDrafter(model, **knobs)})
+    if "samd" in methods:
+        recycling, missing = samd_recycling_knobs(spec_bench)
+        rows.append({**common, "method": "samd[recycling]", "decode_past": 1,
+                     "settings": f"{knob_text(SAMD)} fallback=recycling {knob_text(recycling, 'recycling.')}{missing}, "
+                                 "1 token decoded past max_new_tokens as upstream's generate, vs Spec-Bench "
+                                 "inference_samd --tree_method token_recycle",
+                     "ours": lambda: SamdDrafter(model, tokenizer, **SAMD, fallback="recycling", recycling=recycling),
+                     "upstream": {"method": "samd", **SAMD, "tree_method": "token_recycle"}})
+        head = compose_config("method=samd", "model=smollm2_135m").method.drafter.eagle2.checkpoint
+        folder = convert_eagle(head, model, heads_dir / "samd-eagle")
+        rows.append({**common, "method": "samd[eagle2]",
+                     "settings": f"{knob_text(SAMD)} fallback=eagle2 {knob_text(SAMD_EAGLE2_TREE, 'eagle2.')} vs "
+                                 "Spec-Bench inference_samd --tree_method eagle2 (its tree: 63/5/8)",
+                     "ours": lambda: SamdDrafter(model, tokenizer, **SAMD, fallback="eagle2",
+                                                 eagle2={"checkpoint": head, **SAMD_EAGLE2_TREE}),
+                     "upstream": {"method": "samd", **SAMD, "tree_method": "eagle2", "head_dir": str(folder)}})
+    for row in rows:
+        row["upstream"]["warmup"] = SPEC_BENCH_WARMUP
+    return rows
+
+
+def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition) -> list[tuple[list[int], int]]:
+    """Our (tokens, target forwards until they were known) per prompt: a fresh drafter per prompt, or (rows with a
+    warm-up) one drafter through Spec-Bench's sequence, the warm-up left out. Rows with `decode_past` decode that
+    many tokens past max_new_tokens, as upstream's loop does (what the drafter learns from them carries over)."""
+    if "warmup" not in row:
+        outputs = [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
+    else:
+        engine = SpeculativeEngine(model, row["ours"]())
+        longer = dataclasses.replace(stop, max_new_tokens=stop.max_new_tokens + row.get("decode_past", 0))
+        outputs = [out for counted, out in ((counted, engine.generate(p, longer))
+                                            for counted, p in spec_bench_order(prompts, row["warmup"])) if counted]
+    counted = [out.tokens[: stop.max_new_tokens] for out in outputs]
+    return [(tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens))
+            for tokens, out in zip(counted, outputs)]
+
+
+def decode_step_lengths(out) -> list[int]:
+    """Tokens each decode step added: TurnOutput.accept_lengths, less the prefill's entry where it books one (the
+    prefill's token counted as a step, before issue 42's Spec-Bench counting)."""
+    lengths = out.accept_lengths
+    return lengths[1:] if sum(lengths) == len(out.tokens) else lengths
+
+
+def run_upstream(side: str, rows: list[dict], job: dict, tmp: Path, spec_bench: Path | None) -> dict:
+    """The upstream runs of `rows` (one side) in their side venv: {run name: per prompt {"tokens", "steps"}}."""
+    python = side_venv(*SIDES[side])
+    job = {**job, "runs": list({row["upstream"]["name"]: row["upstream"] for row in rows}.values())}
+    (tmp / f"{side}.json").write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
+    checkout = [str(spec_bench)] if side == "spec-bench" else []
+    subprocess.run([str(python), str(DRIVERS[side]), *checkout, str(tmp / f"{side}.json"),
+                    str(tmp / f"{side}-out.json")], check=True, env=env)
+    return json.loads((tmp / f"{side}-out.json").read_text())
 
 
 def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -209,12 +339,15 @@ def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="lookahead,medusa,eagle")
+    parser.add_argument("--methods", default="lookahead,medusa,eagle,recycling,samd")
     parser.add_argument("--questions", default="81,82", help="question ids (MT-bench: 81-160)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--spec-bench", default=None, help="a hemingkx/Spec-Bench checkout (default: "
+                        "$SPECBENCH_CACHE/spec-bench)")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    python = side_venv()
+    methods = set(args.methods.split(","))
+    spec_bench = spec_bench_checkout(args.spec_bench) if methods & SPEC_BENCH_METHODS else None
     cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
     cfg.dtype = "float32"
     model, tokenizer = load_model(cfg, torch.device("cpu"))
@@ -222,26 +355,28 @@ def main() -> None:
     prompts = mt_bench_prompts(model, tokenizer, [int(q) for q in args.questions.split(",")], args.max_new_tokens,
                                eos)
     stop = StopCondition(args.max_new_tokens, frozenset(eos))
+    job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
+           "prompts": prompts}
     with tempfile.TemporaryDirectory() as tmp:
-        rows = comparisons(set(args.methods.split(",")), model, Path(tmp))
+        rows = comparisons(methods, model, Path(tmp)) + spec_bench_comparisons(methods, model, tokenizer, Path(tmp),
+                                                                               spec_bench)
+        for index, row in enumerate(rows):
+            row["upstream"]["name"] = f"run{index}"  # rows sharing an upstream run share its last name
+        upstream = {}
+        for side in sorted({row.get("side", "packages") for row in rows}):
+            upstream.update(run_upstream(side, [r for r in rows if r.get("side", "packages") == side], job, Path(tmp),
+                                         spec_bench))
         for row in rows:
-            outs = [SpeculativeEngine(model, row["ours"]()).generate(p, stop) for p in prompts]
-            row["our_tokens"] = [out.tokens for out in outs]
-            row["our_mat"] = sum(len(o.tokens) - 1 for o in outs) / sum(o.decode_steps for o in outs)  # Spec-Bench's
-        job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
-               "prompts": prompts, "runs": [row["upstream"] for row in rows]}
-        (Path(tmp) / "job.json").write_text(json.dumps(job))
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
-        subprocess.run([str(python), str(DRIVER), str(Path(tmp) / "job.json"), str(Path(tmp) / "out.json")],
-                       check=True, env=env)
-        upstream = json.loads((Path(tmp) / "out.json").read_text())
+            outs = our_outputs(model, row, prompts, stop)
+            row["our_tokens"] = [tokens for tokens, _ in outs]
+            row["our_mat"] = sum(len(tokens) for tokens, _ in outs) / sum(forwards for _, forwards in outs)
     print(f"{len(prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, greedy, "
           f"float32, SmolLM2-135M")
     print("| method | settings | our #MAT | upstream #MAT | difference | tokens equal |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         theirs = upstream[row["upstream"]["name"]]
-        mat = sum(len(r["tokens"]) - 1 for r in theirs) / sum(r["steps"] - 1 for r in theirs)  # decode steps only
+        mat = sum(len(r["tokens"]) for r in theirs) / sum(r["steps"] for r in theirs)  # the prefill included
         equal = divergence(row["our_tokens"], [r["tokens"] for r in theirs])
         print(f"| {row['method']} | {row['settings']} | {row['our_mat']:.3f} | {mat:.3f} | "
               f"{(row['our_mat'] - mat) / mat:+.1%} | {equal} |")
