@@ -201,6 +201,11 @@ class RecyclingDrafter(Drafter):
         return self.template.shape.with_tokens(DeviceTokens(self.template.fill(self.matrix.successors, self.root,
                                                                                 self.layout)))
 
+    def follow(self, root: int) -> None:
+        """The root of the step about to be verified, whose draft another drafter made (SAM-Decoding's chains), so
+        that the step's logits still refresh the matrix."""
+        self.root = root
+
     def update(self, step) -> None:
         if self.root is not None:
             self.refresh(self.root, step.tree, step.logits)

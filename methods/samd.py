@@ -111,6 +111,8 @@ class SamdDrafter(Drafter):
         self.drafted_from = None
         draft = self.lookup(root, wanted)
         if draft:
+            if isinstance(self.fallback, RecyclingDrafter):  # it learns from the chain's step too, from its root
+                self.fallback.follow(root)
             return DraftTree.chain(draft)
         if self.fallback is not None:
             self.drafted_from = "fallback"

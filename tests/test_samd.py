@@ -9,6 +9,8 @@ import random
 import pytest
 import torch
 
+from bench.engine.acceptance import Acceptance
+from bench.engine.drafter import StepResult
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
 from methods.eagle.checkpoints import TRAIN_COMMAND as EAGLE_TRAIN_COMMAND
@@ -156,6 +158,20 @@ def test_repeating_prompt_drafts_from_the_dynamic_automaton():
     assert out.tokens == continuation
     assert max(out.accept_lengths) >= 20  # whole chains copied from the prompt were accepted
     assert drafter.drafted_from == "dynamic"
+
+
+def test_the_recycling_fallback_learns_from_a_chain_step_that_opens_a_turn(tiny_model):
+    """The first decode step of a turn drafted by a SAM chain: the fallback never proposed, yet the step's root row
+    is refreshed from its logits, as upstream's fallback updates on every step."""
+    drafter = SamdDrafter(tiny_model, fallback="recycling", len_threshold=2)
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    drafter.start(prompt)
+    tree = drafter.propose([*prompt, 8], max_tokens=8)  # 5 6 7 8 seen: the chain after root 8 copies 5 6 7 ...
+    assert drafter.drafted_from == "dynamic" and list(tree.tokens)[:3] == [5, 6, 7]
+    logits = torch.zeros(1 + len(tree), tiny_model.config.vocab_size)
+    logits[0, 30:38] = torch.arange(8, 0, -1, dtype=logits.dtype)  # the root (8): successors 30..37
+    drafter.update(StepResult(tree, logits, Acceptance([0], [30])))
+    assert drafter.fallback.matrix.successors[8].tolist() == list(range(30, 38))
 
 
 def test_greedy_is_lossless_with_and_without_fallback(tiny_model, prompts, one_thread):
