@@ -18,6 +18,7 @@ COMMANDS = {
     "bench.profile": "python -m bench.profile",
     "bench.smoke": "python -m bench.smoke",
     "bench.regress": "python -m bench.regress",
+    "bench.migrate_answers": "python -m bench.migrate_answers",
     "bench.report.__main__": "python -m bench.report",
 }
 SOURCE_FOLDERS = ("bench", "methods", "tasks")

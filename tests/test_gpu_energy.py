@@ -156,6 +156,8 @@ def test_cpu_has_no_gpu_facts():
 class ScriptedEngine:
     """Returns the given turns in order, as an engine would."""
 
+    drafter = None
+
     def __init__(self, outputs):
         self.outputs = iter(outputs)
 
@@ -174,14 +176,14 @@ def test_energy_per_token_comes_from_counter_deltas_around_each_turn(monkeypatch
     # counter in mJ: the probe at start, then before/after turn 1 (12 J) and before/after turn 2 (6 J)
     gpu = monitor(monkeypatch, fake_nvml(energy_mj=[1_000_000, 1_000_000, 1_012_000, 1_020_000, 1_026_000]))
     phases = {phase: 0.0 for phase in PHASES}
-    engine = ScriptedEngine([TurnOutput([5, 6, 7, 8], [1, 1, 1, 1], phase_seconds=phases),
-                             TurnOutput([9, 10], [1, 1], phase_seconds=phases)])
+    engine = ScriptedEngine([TurnOutput([5, 6, 7, 8], [1, 1, 1], phase_seconds=phases),
+                             TurnOutput([9, 10], [1], phase_seconds=phases)])
     decoder = QuestionDecoder(engine, tokenizer, StopCondition(8), torch.device("cpu"), energy=gpu.energy_joules)
     turns = decoder({"question_id": 3, "turns": ["hi", "more"]}, seed=0)
     assert [t["energy_j"] for t in turns] == [12.0, 6.0]
     method = answer_record({"question_id": 3, "category": "qa"}, "m", "pld", "key", turns)
     assert method["choices"][0]["energy_j"] == [12.0, 6.0] and joules_per_token([method]) == pytest.approx(18 / 6)
-    vanilla = record(3, "qa", "vanilla", [[1] * 4, [1] * 2], [1.0, 1.0])
+    vanilla = record(3, "qa", "vanilla", [[1] * 3, [1]], [1.0, 1.0])  # 4 and 2 tokens
     vanilla["choices"][0]["energy_j"] = [30.0, 15.0]
     row = summarize("pld", [method], {3: vanilla}).iloc[-1]
     assert row.joules_per_token == pytest.approx(3.0) and row.baseline_joules_per_token == pytest.approx(7.5)
@@ -189,7 +191,7 @@ def test_energy_per_token_comes_from_counter_deltas_around_each_turn(monkeypatch
 
 def test_a_batchs_energy_is_shared_out_by_tokens(monkeypatch, fake_cuda, tokenizer):
     gpu = monitor(monkeypatch, fake_nvml(energy_mj=[0, 0, 8_000]))
-    batch = BatchOutput([TurnOutput([5, 6, 7], [1, 1, 1]), TurnOutput([8], [1])], [0.1, 0.05], {})
+    batch = BatchOutput([TurnOutput([5, 6, 7], [1, 1]), TurnOutput([8], [])], [0.1, 0.05], {})
     decoder = BatchQuestionDecoder(ScriptedEngine([batch]), tokenizer, StopCondition(8), torch.device("cpu"),
                                    energy=gpu.energy_joules)
     results = decoder([{"question_id": 1, "turns": ["a"]}, {"question_id": 2, "turns": ["b"]}], [0, 0])
@@ -213,11 +215,11 @@ def test_a_cpu_run_has_no_energy_columns_filled(compose, tmp_path):
 
 
 def test_the_report_shows_joules_per_token_only_where_measured(tmp_path):
-    answers, baselines = [record(321, "qa", "pld", [[1, 3]], [0.5])], [record(321, "qa", "vanilla", [[1] * 4], [1.0])]
+    answers, baselines = [record(321, "qa", "pld", [[3]], [0.5])], [record(321, "qa", "vanilla", [[1] * 3], [1.0])]
     answers[0]["choices"][0]["energy_j"], baselines[0]["choices"][0]["energy_j"] = [2.0], [4.0]
     write_run(tmp_path / "runs" / "gpu", "pld", answers, baselines, device="cuda:0", device_name="Test GPU")
-    write_run(tmp_path / "runs" / "cpu", "pld", [record(321, "qa", "pld", [[1, 3]], [0.5])],
-              [record(321, "qa", "vanilla", [[1] * 4], [1.0])])
+    write_run(tmp_path / "runs" / "cpu", "pld", [record(321, "qa", "pld", [[3]], [0.5])],
+              [record(321, "qa", "vanilla", [[1] * 3], [1.0])])
     board = write_report(tmp_path / "runs", tmp_path / "report").set_index(["device", "task"])
     assert board.loc[("cuda:0", "overall"), "joules_per_token"] == pytest.approx(0.5)
     assert board.loc[("cuda:0", "overall"), "baseline_joules_per_token"] == pytest.approx(1.0)

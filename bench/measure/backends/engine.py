@@ -105,7 +105,8 @@ class EngineBackend(Backend):
     @property
     def learns_across_prompts(self) -> bool:
         """Whether the method's drafter learns across prompts (its rows then depend on the question order)."""
-        return self.decoders[METHOD].engine.drafter.learns_across_prompts
+        drafter = self.decoders[METHOD].engine.drafter  # None: the batched engine's vanilla
+        return drafter is not None and drafter.learns_across_prompts
 
     def answer(self, side: str, group: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
         results = decode_group(self.decoders[side], group, seeds)
