@@ -1,6 +1,10 @@
 """specbench: one draft-then-verify engine, pluggable drafters, Spec-Bench's tasks (README.md, docs/layout.md)."""
 from omegaconf import OmegaConf
 
+from bench.blas import choose_code_path
+
+choose_code_path()  # before anything loads MKL (bench/blas.py)
+
 SIZINGS = ("upstream", "auto")  # method.sizing (conf/method/shared/speculation.yaml)
 # method.sizing's old spellings: {their value: the sizing it means}. bench.config.fold_deprecated folds them out of a
 # run's config (the one place that does); sizing_of reads them where they stay: meta.json of older runs, and the

@@ -13,7 +13,7 @@ from bench.artifacts import PROJECT_ROOT
 # Lowest first; a module may import its own layer's modules and those of lower layers. methods and planning are
 # side by side (rank 3): neither imports the other.
 LAYERS = [
-    (0, ("bench", "bench.errors", "bench.artifacts", "bench.records", "tasks", "tasks.prompts")),
+    (0, ("bench", "bench.blas", "bench.errors", "bench.artifacts", "bench.records", "tasks", "tasks.prompts")),
     (1, ("bench.models", "bench.corpora", "bench.validate", "bench.config")),
     (2, ("bench.engine",)),
     (3, ("bench.planning",)),

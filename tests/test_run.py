@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 import bench.measure.run
 from bench.artifacts import PROJECT_ROOT
+from bench.blas import BLAS_ENVIRONMENT, code_path_origin
 from bench.engine.drafter import Drafter
 from bench.engine.loop import StopCondition, TurnOutput
 from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
@@ -44,6 +46,8 @@ def test_vanilla_run_writes_spec_bench_records(compose, tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["config"]["method"]["name"] == "vanilla" and meta["dtype"] == "float64"
     assert {"git_commit", "torch", "transformers", "device_name", "host"} <= meta.keys()
+    assert meta["blas_chosen_by"] == code_path_origin()  # harness on an AMD host where the user chose nothing
+    assert meta["blas_environment"] == {k: os.environ[k] for k in BLAS_ENVIRONMENT if os.environ.get(k)}
 
 
 def test_rerun_resumes_instead_of_redoing_and_sets_a_cut_off_line_aside(compose, tmp_path, capsys):

@@ -15,6 +15,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from bench.artifacts import PROJECT_ROOT
+from bench.blas import code_path_origin
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
 from bench.models import cpu_bfloat16_support
@@ -42,6 +43,7 @@ def run_metadata(cfg: DictConfig, dtype: str, device: torch.device, started: flo
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
         "blas_environment": blas_environment(device),  # MKL code-path variables set (CPU)
+        "blas_chosen_by": code_path_origin() if device.type == "cpu" else None,  # harness | user | None
         "dtype": dtype,
         "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from bench.blas import BLAS_ENVIRONMENT
 from bench.engine.kvcache import attention_windows, new_cache, tree_attention_mask
 from bench.engine.timing import device_time
 from bench.engine.tree import DraftTree
@@ -95,12 +96,6 @@ def device_name(device: torch.device) -> str:
         names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
         name = names[0] if names else name
     return name
-
-
-# MKL settings that pick its CPU code path. On AMD CPUs MKL's default path makes a [M, k] x [k, n] product with
-# 2 <= M <= 16 (a verification forward of a few tokens) about 1.7-2x as slow as M = 1; MKL_CBWR=AVX2 removes most of
-# that (docs/cost-model.md).
-BLAS_ENVIRONMENT = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
 
 
 def blas_environment(device: torch.device) -> dict:
