@@ -113,10 +113,10 @@ def unknown_choices(overrides: Iterable[str], folders: Mapping[str, str] | None 
 
 
 def missing_launcher(overrides: Iterable[str]) -> str | None:
-    """`hydra/launcher=<name>: needs <plugin> (pip install -e ".[sweeps]")` when the overrides name a
+    """`hydra/launcher=<name>: needs the <plugin> plugin: pip install -e ".[sweeps]"` when the overrides name a
     conf/hydra/launcher/ config whose Hydra plugin is not installed (Hydra would end in an "Unknown plugin class"
     traceback), else None."""
-    from importlib.util import find_spec
+    from importlib import import_module
 
     from omegaconf import OmegaConf
 
@@ -125,14 +125,16 @@ def missing_launcher(overrides: Iterable[str]) -> str | None:
         path = CONF_DIR / "hydra" / "launcher" / f"{name}.yaml"
         if key != "hydra/launcher" or not path.is_file():
             continue
-        plugin = ".".join(str(OmegaConf.load(path)._target_).split(".")[:2])  # hydra_plugins.<package>
+        target = str(OmegaConf.load(path)._target_)
         try:
-            installed = find_spec(plugin) is not None
-        except ModuleNotFoundError:  # no Hydra plugin at all: no hydra_plugins namespace
-            installed = False
-        if not installed:
-            distribution = plugin.split(".")[1].replace("_", "-")
-            return f'{override}: needs the {distribution} plugin: pip install -e ".[sweeps]"'
+            import_module(target.rsplit(".", 1)[0])
+        except ModuleNotFoundError as err:
+            if not (err.name or "").startswith("hydra_plugins"):
+                raise
+            missing = (err.name if "." in err.name else target).split(".")  # hydra_plugins.<plugin package>...
+            plugin = f"the {missing[1].replace('_', '-')} plugin" if missing[0] == "hydra_plugins" else \
+                "a Hydra launcher plugin"
+            return f'{override}: needs {plugin}: pip install -e ".[sweeps]"'
     return None
 
 

@@ -36,8 +36,8 @@ def test_local_cluster_conf_names_this_node_its_cores_and_memory_less_the_margin
     node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     lines = (tmp_path / "slurm.conf").read_text().splitlines()
-    assert f"NodeName={node} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} RealMemory={mem_kb // 1024 - 1000} " \
-           f"State=UNKNOWN" in lines
+    cores = len(os.sched_getaffinity(0))
+    assert f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cores} RealMemory={mem_kb // 1024 - 1000} State=UNKNOWN" in lines
     assert f"PartitionName=local Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" in lines
     values = conf_values(tmp_path / "slurm.conf")
     assert (values["SelectType"], values["SelectTypeParameters"], values["TaskPlugin"]) == \
@@ -98,7 +98,9 @@ def test_meta_names_the_scheduler_job_node_and_the_sweeps_command():
 
 @pytest.fixture
 def no_submitit_plugin(monkeypatch):
-    """hydra-submitit-launcher not importable, whether or not it is installed."""
+    """hydra-submitit-launcher not importable, whether or not it is installed (or imported)."""
+    for name in [n for n in sys.modules if n.startswith(("hydra_plugins.hydra_submitit", "bench.measure.sweep_"))]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)
 
 
@@ -118,3 +120,12 @@ def test_a_sweep_through_a_missing_launcher_ends_in_one_error_line(no_submitit_p
     assert exit_.value.code == 2
     assert capsys.readouterr().err == \
         'error: hydra/launcher=submitit_local: needs the hydra-submitit-launcher plugin: pip install -e ".[sweeps]"\n'
+
+
+def test_a_reports_table_names_the_nodes_its_runs_ran_on():
+    import pandas as pd
+
+    from bench.report.tables import node_names
+
+    assert node_names(pd.Series(["node2", "node1", "node2", None])) == "node1, node2"
+    assert node_names(pd.Series([f"n{i}" for i in range(6)])) == "6 nodes (n0, n1, n2, ...)"
