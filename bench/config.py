@@ -125,17 +125,23 @@ def missing_launcher(overrides: Iterable[str]) -> str | None:
         path = CONF_DIR / "hydra" / "launcher" / f"{name}.yaml"
         if key != "hydra/launcher" or not path.is_file():
             continue
-        target = str(OmegaConf.load(path)._target_)
-        try:
-            import_module(target.rsplit(".", 1)[0])
-        except ModuleNotFoundError as err:
-            if not (err.name or "").startswith("hydra_plugins"):
-                raise
-            missing = (err.name if "." in err.name else target).split(".")  # hydra_plugins.<plugin package>...
-            plugin = f"the {missing[1].replace('_', '-')} plugin" if missing[0] == "hydra_plugins" else \
-                "a Hydra launcher plugin"
-            return f'{override}: needs {plugin}: pip install -e ".[sweeps]"'
+        target_module = str(OmegaConf.load(path)._target_).rsplit(".", 1)[0]
+        plugin = ".".join(target_module.split(".")[:2])  # hydra_plugins.<package>
+        if plugin_installed(plugin):  # one of ours names the plugin it runs
+            plugin = getattr(import_module(target_module), "REQUIRES", plugin)
+        if not plugin_installed(plugin):
+            distribution = plugin.split(".")[1].replace("_", "-")
+            return f'{override}: needs the {distribution} plugin: pip install -e ".[sweeps]"'
     return None
+
+
+def plugin_installed(package: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(package) is not None
+    except ModuleNotFoundError:  # no hydra_plugins namespace at all
+        return False
 
 
 def refuse_unknown_choices(overrides: Iterable[str], folders: Mapping[str, str] | None = None) -> None:

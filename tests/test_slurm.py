@@ -99,7 +99,7 @@ def test_meta_names_the_scheduler_job_node_and_the_sweeps_command():
 @pytest.fixture
 def no_submitit_plugin(monkeypatch):
     """hydra-submitit-launcher not importable, whether or not it is installed (or imported)."""
-    for name in [n for n in sys.modules if n.startswith(("hydra_plugins.hydra_submitit", "bench.measure.sweep_"))]:
+    for name in [n for n in sys.modules if n.startswith("hydra_plugins.hydra_submitit")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)
 

@@ -16,7 +16,7 @@ JOBLIB = ("hydra_plugins.hydra_joblib_launcher.config", "JobLibLauncherConf",
           {"_target_", "n_jobs", "backend", "prefer", "require", "verbose", "timeout", "pre_dispatch", "batch_size",
            "temp_folder", "max_nbytes", "mmap_mode"})
 SLURM = ("hydra_plugins.hydra_submitit_launcher.config", "SlurmQueueConf",
-         "bench.measure.sweep_launcher.SlurmLauncher",  # the plugin's, waiting for every job, with a summary
+         "hydra_plugins.specbench_sweeps.slurm_launcher.SlurmLauncher",  # runs the plugin's, with a summary
          {"_target_", "submitit_folder", "timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb",
           "nodes", "name", "stderr_to_stdout", "partition", "qos", "comment", "constraint", "exclude", "gres",
           "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "account", "signal_delay_s",

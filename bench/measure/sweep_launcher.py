@@ -1,8 +1,8 @@
-"""hydra/launcher=submitit_slurm's launcher: hydra-submitit-launcher's SlurmLauncher, except that it waits for every job
-of the sweep (the plugin stops at the first that did not finish) and ends with the sweep's summary, one line per job
-(its SLURM job id, state, overrides and, for a job that failed, why and where its log is), printed and written to
-<hydra.sweep.dir>/summary.txt. A job requeued after pre-emption or its time limit (submitit's checkpoint) counts as
-the job it continues."""
+"""How hydra/launcher=submitit_slurm (hydra_plugins/specbench_sweeps) runs a sweep: as hydra-submitit-launcher does,
+except that it waits for every job (the plugin stops at the first that did not finish) and ends with the sweep's
+summary, one line per job (its SLURM job id, state, overrides and, for a job that failed, why and where its log is),
+logged and written to <hydra.sweep.dir>/summary.txt. A job requeued after pre-emption or its time limit (submitit's
+checkpoint) counts as the job it continues."""
 from __future__ import annotations
 
 import logging
@@ -11,33 +11,33 @@ from pathlib import Path
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as PluginSlurmLauncher
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
 
-class SlurmLauncher(PluginSlurmLauncher):
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        import submitit
+def launch_every_job(plugin, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    """Submit one SLURM job per override list as hydra-submitit-launcher's `plugin` would (each job runs `plugin`),
+    wait for all of them, write and log the summary; the JobReturns, a FAILED one for a job that ended without."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
-        params = dict(self.params)
-        executor = submitit.AutoExecutor(folder=params.pop("submitit_folder"), cluster="slurm",
-                                         slurm_max_num_timeout=params.pop("max_num_timeout"))
-        shared = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{key if key in shared else f"slurm_{key}": value for key, value in params.items()})
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        jobs = executor.map_array(self, *zip(*[
-            (list(overrides), "hydra.sweep.dir", initial_job_idx + n, f"job_id_for_{initial_job_idx + n}",
-             Singleton.get_state()) for n, overrides in enumerate(job_overrides)]))
-        log.info(f"submitted {len(jobs)} SLURM job(s) {jobs[0].job_id.split('_')[0]}; sweep output dir {sweep_dir}")
-        returns = [job_return(job, overrides) for job, overrides in zip(jobs, job_overrides)]
-        summary = "\n".join(summary_line(job, ret) for job, ret in zip(jobs, returns))
-        (sweep_dir / "summary.txt").write_text(summary + "\n")
-        log.info(f"sweep summary ({sweep_dir / 'summary.txt'}):\n{summary}")
-        return returns
+    params = dict(plugin.params)
+    executor = submitit.AutoExecutor(folder=params.pop("submitit_folder"), cluster="slurm",
+                                     slurm_max_num_timeout=params.pop("max_num_timeout"))
+    shared = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{key if key in shared else f"slurm_{key}": value for key, value in params.items()})
+    sweep_dir = Path(str(plugin.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs = executor.map_array(plugin, *zip(*[
+        (list(overrides), "hydra.sweep.dir", initial_job_idx + n, f"job_id_for_{initial_job_idx + n}",
+         Singleton.get_state()) for n, overrides in enumerate(job_overrides)]))
+    log.info(f"submitted {len(jobs)} SLURM job(s) {jobs[0].job_id.split('_')[0]}; sweep output dir {sweep_dir}")
+    returns = [job_return(job, overrides) for job, overrides in zip(jobs, job_overrides)]
+    summary = "\n".join(summary_line(job, ret) for job, ret in zip(jobs, returns))
+    (sweep_dir / "summary.txt").write_text(summary + "\n")
+    log.info(f"sweep summary ({sweep_dir / 'summary.txt'}):\n{summary}")
+    return returns
 
 
 def job_return(job, overrides: Sequence[str]) -> JobReturn:
