@@ -129,3 +129,35 @@ def test_a_reports_table_names_the_nodes_its_runs_ran_on():
 
     assert node_names(pd.Series(["node2", "node1", "node2", None])) == "node1, node2"
     assert node_names(pd.Series([f"n{i}" for i in range(6)])) == "6 nodes (n0, n1, n2, ...)"
+
+
+class FinishedJob:
+    """What the summary reads of a submitit job: its id, SLURM state and stderr log."""
+
+    def __init__(self, job_id: str, state: str, stderr):
+        self.job_id, self.state = job_id, state
+        self.paths = type("Paths", (), {"stderr": stderr})()
+
+
+def test_the_sweep_summary_says_why_each_failed_job_failed_and_where_its_log_is(tmp_path):
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from bench.measure.sweep_launcher import summary_line
+
+    log = tmp_path / "log.err"
+    log.write_text("loading\nerror: method.sizing=big: must be fixed or auto\n")
+    done = JobReturn(overrides=["method=pld", "task=qa"], status=JobStatus.COMPLETED)
+    user_error = JobReturn(overrides=["method=pld"], status=JobStatus.FAILED, _return_value=SystemExit(2))
+    cancelled = JobReturn(overrides=["method=sps"], status=JobStatus.FAILED, _return_value=RuntimeError(
+        "Job 7_2 (task: 0) with path /x/7_2_0_result.pkl\nhas not produced any output (state: CANCELLED by 0)"))
+    crashed = JobReturn(overrides=["method=rest"], status=JobStatus.FAILED, _return_value=ValueError("bad\nmore"))
+    quiet = tmp_path / "quiet.err"
+    quiet.write_text("loading\n")
+    assert summary_line(FinishedJob("7_0", "COMPLETED", log), done) == "7_0 COMPLETED method=pld task=qa"
+    assert summary_line(FinishedJob("7_1", "FAILED", log), user_error) == \
+        f"7_1 FAILED method=pld: method.sizing=big: must be fixed or auto (log: {log})"
+    assert summary_line(FinishedJob("7_2", "CANCELLED by 0", quiet), cancelled) == \
+        f"7_2 CANCELLED by 0 method=sps: the job ended without a result (cancelled, killed, out of memory or time) " \
+        f"(log: {quiet})"
+    assert summary_line(FinishedJob("7_3", "COMPLETED", quiet), crashed) == \
+        f"7_3 FAILED method=rest: ValueError: bad (log: {quiet})"

@@ -56,16 +56,19 @@ def summary_line(job, ret: JobReturn) -> str:
     overrides = " ".join(filter_overrides(ret.overrides or []))
     if ret.status == JobStatus.COMPLETED:
         return f"{job.job_id} COMPLETED {overrides}"
-    return f"{job.job_id} {job.state} {overrides}: {failure_reason(job, ret._return_value)} (log: {job.paths.stderr})"
+    state = "FAILED" if job.state == "COMPLETED" else job.state  # the job's process ended well, its run did not
+    return f"{job.job_id} {state} {overrides}: {failure_reason(job, ret._return_value)} (log: {job.paths.stderr})"
 
 
 def failure_reason(job, error: BaseException) -> str:
-    """The `error:` lines the job printed (a user error), else the last line of the exception."""
+    """The `error:` lines the job printed (a user error), else what the exception says first."""
     try:
         printed = [line for line in job.paths.stderr.read_text().splitlines() if line.startswith("error: ")]
     except OSError:
         printed = []
     if printed:
         return "; ".join(line.removeprefix("error: ") for line in printed)
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    if "has not produced any output" in str(error):  # submitit: no result file
+        return "the job ended without a result (cancelled, killed, out of memory or time)"
+    first = next((line for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}"
