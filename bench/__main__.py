@@ -29,23 +29,25 @@ def benchmark(cfg: DictConfig) -> None:
 
 
 def sweep_claim(settings: RunSettings):
-    """A CPU job of a multirun claims its torch threads among its sweep's jobs (bench.measure.core_claims); other
+    """A CPU job of a multirun claims its torch threads among its sweep's jobs (bench.measure.core_claims; a SLURM job's
+    threads are the cores it was allotted, claimed among its node's jobs: bench.measure.scheduler); other
     runs (single runs, GPU jobs, server backends, whose engine is timed elsewhere) claim nothing."""
     from contextlib import nullcontext
 
-    import torch
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from bench.measure.contention import available_cores
     from bench.measure.core_claims import claim_cores
+    from bench.measure.scheduler import claim_scope, job_threads, placement
     from bench.models import resolve_device
 
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN or settings.backend != "engine" or \
             resolve_device(settings.device).type != "cpu":
         return nullcontext()
-    return claim_cores(Path(hydra_cfg.sweep.dir) / ".core_claims", torch.get_num_threads(), available_cores())
+    where = placement()
+    folder, cores = claim_scope(Path(hydra_cfg.sweep.dir), where)
+    return claim_cores(folder, job_threads(where), cores)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 or key refused in one line before Hydra composes, and the old spellings folded into today's keys (the one place)."""
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -10,9 +12,10 @@ from omegaconf import DictConfig
 
 from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning, sizing_of
 from bench.artifacts import PROJECT_ROOT
-from bench.errors import ConfigError, exit_on_user_error
+from bench.errors import ConfigError, MissingArtifactError, exit_on_user_error
 
 CONF_DIR = PROJECT_ROOT / "conf"
+COMMAND_VARIABLE = "SPECBENCH_COMMAND"  # the command line a run or sweep was started with, inherited by its jobs
 NOUNS = {"train": "methods with a training recipe"}  # how a choice listing names a folder's files; else <folder>s
 
 
@@ -109,6 +112,38 @@ def unknown_choices(overrides: Iterable[str], folders: Mapping[str, str] | None 
     return problems
 
 
+def missing_launcher(overrides: Iterable[str]) -> str | None:
+    """`hydra/launcher=<name>: needs the <plugin> plugin: pip install -e ".[sweeps]"` when the overrides name a
+    conf/hydra/launcher/ config whose Hydra plugin is not installed (Hydra would end in an "Unknown plugin class"
+    traceback), else None."""
+    from importlib import import_module
+
+    from omegaconf import OmegaConf
+
+    for override in overrides:
+        key, _, name = override.lstrip("+").partition("=")
+        path = CONF_DIR / "hydra" / "launcher" / f"{name}.yaml"
+        if key != "hydra/launcher" or not path.is_file():
+            continue
+        target_module = str(OmegaConf.load(path)._target_).rsplit(".", 1)[0]
+        plugin = ".".join(target_module.split(".")[:2])  # hydra_plugins.<package>
+        if plugin_installed(plugin):  # one of ours names the plugin it runs
+            plugin = getattr(import_module(target_module), "REQUIRES", plugin)
+        if not plugin_installed(plugin):
+            distribution = plugin.split(".")[1].replace("_", "-")
+            return f'{override}: needs the {distribution} plugin: pip install -e ".[sweeps]"'
+    return None
+
+
+def plugin_installed(package: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(package) is not None
+    except ModuleNotFoundError:  # no hydra_plugins namespace at all
+        return False
+
+
 def refuse_unknown_choices(overrides: Iterable[str], folders: Mapping[str, str] | None = None) -> None:
     if problems := unknown_choices(overrides, folders):
         raise ConfigError("\n".join(problems))
@@ -170,12 +205,16 @@ def command_line_overrides(argv: list[str]) -> tuple[list[str], bool]:
 def run_hydra_command(app: Callable[[DictConfig], None], config_name: str,
                       folders: Mapping[str, str] | None = None) -> None:
     """Run `app` as the Hydra app over conf/<config_name>.yaml on this process's command line, once its config
-    choices and keys are known good: an unknown one is `error: <line>` and exit status 2, before Hydra composes."""
+    choices and keys are known good, and a launcher it names is installed: an unknown one is `error: <line>` and exit
+    status 2, before Hydra composes."""
     import hydra
 
     overrides, multirun = command_line_overrides(sys.argv[1:])
     with exit_on_user_error():
         refuse_unknown_choices(overrides, folders)
+        if problem := missing_launcher(overrides):
+            raise MissingArtifactError(problem)
         if not multirun and (problems := unknown_keys(config_name, overrides)):
             raise ConfigError("\n".join(problems))
+    os.environ[COMMAND_VARIABLE] = shlex.join(sys.orig_argv)  # for meta.json, in this process and a sweep's jobs
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(app)()

@@ -18,6 +18,7 @@ from bench.artifacts import PROJECT_ROOT
 from bench.blas import code_path_origin
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
+from bench.measure.scheduler import provenance_facts
 from bench.models import cpu_bfloat16_support
 from bench.planning.profile import blas_environment, device_name
 
@@ -47,6 +48,7 @@ def run_metadata(cfg: DictConfig, dtype: str, device: torch.device, started: flo
         "dtype": dtype,
         "cpu_bfloat16": cpu_bfloat16_support() if device.type == "cpu" else None,  # AMX / AVX512 bf16 flags
         "host": socket.gethostname(),
+        **provenance_facts(),  # scheduler, job_id, node, command
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -204,7 +204,14 @@ def setting_facts(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, str]:
                                f"{counts[0]}–{counts[-1]} (differs between methods or tasks; see leaderboard.csv)"),
         "date": dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
         "runs": str(runs.run_dir.nunique()),
+        "nodes": node_names(runs.host),
     }
+
+
+def node_names(hosts: pd.Series) -> str:
+    """The hosts a table's runs ran on (a sweep's SLURM nodes, which share device_name), or how many beyond four."""
+    names = sorted({str(h) for h in hosts.dropna()})
+    return ", ".join(names) if len(names) <= 4 else f"{len(names)} nodes ({', '.join(names[:3])}, ...)"
 
 
 def accept_lengths_by_method(runs: pd.DataFrame, labels: dict) -> dict[str, list[int]]:

@@ -1,0 +1,1 @@
+"""The project's Hydra launchers (Hydra loads launchers only from the hydra_plugins namespace)."""
