@@ -20,9 +20,10 @@ def benchmark(cfg: DictConfig) -> None:
     anything loads."""
     from bench.engine.kvcache import UnsupportedModelError
     from bench.measure.run import run
+    from bench.records import FolderInUseError
     from bench.validate import validate
 
-    with exit_on_user_error(UnsupportedModelError):
+    with exit_on_user_error(UnsupportedModelError, FolderInUseError):
         settings = validate(fold_deprecated(cfg))
         with sweep_claim(settings):
             run(cfg, settings)

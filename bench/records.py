@@ -8,12 +8,15 @@ step of accept length 1, and are read in the current layout (`in_current_format`
 rewrites such files."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PHASES = ("prefill", "draft", "verify", "accept")  # a turn's phase_times keys (the engine's phases)
@@ -127,6 +130,28 @@ def _is_json(line: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
+
+
+class FolderInUseError(RuntimeError):
+    """Another process is writing the run folder."""
+
+
+@contextmanager
+def writing_folder(folder: Path) -> Iterator[None]:
+    """Hold `folder`'s writer lock (its `.lock` file) while the block runs, so that two runs (a resubmitted sweep
+    beside its old jobs, say) never append to one answers file; a second writer is refused at once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise FolderInUseError(f"{folder} is being written by another run (pid {lock.read().strip() or '?'}): "
+                                   f"wait for it to end (squeue, for a sweep) or pass another out_dir=...") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 class AnswerFile:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from bench.migrate_answers import main as migrate
-from bench.records import RECORD_FORMAT, AnswerFile, in_current_format, parse_records
+from bench.records import RECORD_FORMAT, AnswerFile, FolderInUseError, in_current_format, parse_records, writing_folder
 
 OLD = {"question_id": 1, "run_key": "k", "choices": [{"new_tokens": [7, 5, 0], "decoding_steps": [3, 2, None],
                                                       "accept_lengths": [1, 4, 2, 1, 4]}]}
@@ -45,3 +46,16 @@ def test_migrate_answers_rewrites_old_lines_and_leaves_current_files_alone(tmp_p
     assert current.stat().st_mtime_ns == before
     assert capsys.readouterr().out.splitlines() == [f"{old}: 1 record(s) rewritten in format {RECORD_FORMAT}",
                                                     "migrate_answers: 2 file(s) checked"]
+
+
+def test_a_run_folder_has_one_writer_at_a_time(tmp_path):
+    """A second run on a folder being written (a resubmitted sweep beside its old job) is refused in one line naming
+    the writer's pid; once the first ends, the folder is free again."""
+    folder = tmp_path / "run"
+    with writing_folder(folder):
+        refusal = rf"^{folder} is being written by another run \(pid {os.getpid()}\): wait for it to end \(squeue, "
+        with pytest.raises(FolderInUseError, match=refusal + r"for a sweep\) or pass another out_dir=\.\.\.$"):
+            with writing_folder(folder):
+                pass
+    with writing_folder(folder):
+        assert (folder / ".lock").read_text() == str(os.getpid())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -16,6 +17,7 @@ from bench.measure.backends.server import ServerBackend, check_server_config
 from bench.measure.contention import available_cores, machine_load, start_warnings
 from bench.measure.protocol import InterleavedRun
 from bench.models import load_model, load_tokenizer, resolve_device
+from bench.records import writing_folder
 from bench.settings import RunSettings
 from bench.validate import validate
 from tasks import load_questions
@@ -28,6 +30,12 @@ def run(cfg: DictConfig, settings: RunSettings | None = None) -> pd.DataFrame | 
     `settings`: cfg's, where the caller has validated it already (else validated here). Returns the summary (None:
     no answers)."""
     started = time.time()
+    with writing_folder(Path(cfg.out_dir)):
+        return run_in_folder(cfg, settings, started)
+
+
+def run_in_folder(cfg: DictConfig, settings: RunSettings | None, started: float) -> pd.DataFrame | None:
+    """run's body, while it holds out_dir's writer lock."""
     backend = cfg.get("backend", "engine")
     if backend == "server":  # a serving engine over HTTP (docs/serving.md)
         check_server_config(cfg)
