@@ -185,3 +185,35 @@ def test_smollm2_summarization_equals_vanilla():
     print(f"suffix on SmolLM2: {mean_accepted:.2f} accepted tokens per target forward")
     assert mean_accepted > 1.0
 
+
+
+def test_the_repeated_prompts_task_asks_each_format_every_fourth_request():
+    from bench.config import compose_config
+    from tasks import load_questions
+
+    questions = load_questions(compose_config("task=agentic_repeats").task)
+    assert len(questions) == 40 and {q["category"] for q in questions} == {"agentic_repeats"}
+    formats = [q["turns"][0].split("\n")[0] for q in questions]
+    assert len(set(formats)) == 4 and formats[:4] == formats[4:8] == formats[36:]
+
+
+# --- benchmarks/vs_upstream.py's suffix rows: the loop both sides run, without a model -------------------------
+
+def test_the_simulated_steps_accept_the_longest_drafted_path_the_answer_follows():
+    from benchmarks.arctic_driver import accepted_length, simulate
+
+    assert accepted_length([5, 6, 7, 8], [-1, -1, 1, 2], [6, 7, 9]) == 2  # the second branch, two deep
+    assert accepted_length([5, 6], [-1, 0], [4]) == 0
+    accepted, drafts = [], iter([([11, 12], [-1, 0]), ([13, 99], [-1, 0]), ([], [])])
+    out = simulate([1], [10, 11, 12, 13, 14, 15], 6, lambda context, max_tokens: next(drafts), accepted.append)
+    # the prefill gives 10; step 1 accepts 11 12, then 13; step 2's 13 99 is wrong (14 is next); step 3 drafts nothing
+    assert accepted == [[10], [11, 12, 13], [14], [15]] and out["steps"] == 4
+
+
+def test_draft_agreement_names_the_first_difference():
+    from benchmarks.vs_upstream import draft_agreement
+
+    same = [[[[1], [-1]], [[2, 3], [-1, 0]]]]
+    assert draft_agreement(same, same) == "2 of 2 steps"
+    assert draft_agreement(same, [[[[1], [-1]], [[2], [-1]]]]) == (
+        "1 of 2 steps (first difference: prompt 0, step 1: ours [[2, 3], [-1, 0]], upstream [[2], [-1]])")
