@@ -34,22 +34,26 @@ f32 = np.float32
 
 class TrieNode:
     """A string's node: its occurrence count, its children by token, and the children per count in sibling order
-    (`groups[c]`, token -> child); `top` is the highest child count (0: no child)."""
+    (`groups[c]`, token -> child); `top` is the highest child count (0: no child). A leaf (most nodes) has no dicts
+    (None), to save memory."""
 
     __slots__ = ("token", "count", "parent", "children", "groups", "top")
 
     def __init__(self, token: int, parent: TrieNode | None):
         self.token, self.parent, self.count, self.top = token, parent, 0, 0
-        self.children: dict[int, TrieNode] = {}
-        self.groups: dict[int, OrderedDict[int, TrieNode]] = {}
+        self.children: dict[int, TrieNode] | None = None
+        self.groups: dict[int, OrderedDict[int, TrieNode]] | None = None
+
+    def child(self, token: int) -> TrieNode | None:
+        return self.children.get(token) if self.children else None
 
     def first_child(self) -> TrieNode | None:
         """The most frequent child, upstream's head of the siblings."""
         return next(iter(self.groups[self.top].values())) if self.top else None
 
-    def ordered_children(self, at_least: int):
-        """Children of count >= at_least, in sibling order."""
-        for count in sorted((c for c in self.groups if c >= at_least), reverse=True):
+    def ordered_children(self):
+        """Every child, in sibling order."""
+        for count in sorted(self.groups or (), reverse=True):
             yield from self.groups[count].values()
 
 
@@ -73,6 +77,8 @@ def _join_group(child: TrieNode, front: bool) -> None:
 
 def _count_up(parent: TrieNode, token: int) -> TrieNode:
     """One more occurrence of parent's string + token (a new child last among the count-1 ones)."""
+    if parent.children is None:
+        parent.children, parent.groups = {}, {}
     child = parent.children.get(token)
     if child is None:
         child = parent.children[token] = TrieNode(token, parent)
@@ -147,7 +153,7 @@ class SuffixTrie:
             self.root.count -= 1
             node = self.root
             for token in sequence[start : start + self.max_depth]:
-                child = node.children.get(token)
+                child = node.child(token)
                 if child is None or _count_down(child):
                     break
                 node = child
@@ -155,7 +161,7 @@ class SuffixTrie:
     def match(self, pattern) -> TrieNode | None:
         node = self.root
         for token in pattern:
-            node = node.children.get(token)
+            node = node.child(token)
             if node is None:
                 return None
         return node
@@ -202,7 +208,7 @@ class SuffixTrie:
             if drafted is None:
                 single = after.first_child()
                 if single is None or single.count != after.count:  # a branch point: open every likely child
-                    for child in after.ordered_children(1):
+                    for child in after.ordered_children():
                         child_prob = f32(f32(prob * f32(child.count)) / f32(after.count))
                         if child_prob < min_prob:
                             break

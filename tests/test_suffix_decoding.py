@@ -186,7 +186,6 @@ def test_smollm2_summarization_equals_vanilla():
     assert mean_accepted > 1.0
 
 
-
 def test_the_repeated_prompts_task_asks_each_format_every_fourth_request():
     from bench.config import compose_config
     from tasks import load_questions
