@@ -16,7 +16,8 @@ Equal counts are broken as upstream's sibling lists break them: children ordered
 child whose count rose while it was the first of its old count goes first in the new one, any other child last;
 a child whose count fell goes first; a new child goes last. Upstream keeps that order in linked lists of count
 groups; here each parent keeps an ordered dict per count (`groups`). The trie has a node per token where upstream
-compresses single-child paths (same counts, same order, more memory). The best-first queue of `tree` pops equal
+compresses single-child paths (same counts, same order; a node with one child keeps it without dicts, yet more
+memory than upstream's). The best-first queue of `tree` pops equal
 probabilities in the order of upstream's std::priority_queue (BinaryMaxHeap).
 
 Cost: appending a token touches at most max_depth nodes (the sequence's open suffixes); a draft walks at most
@@ -33,26 +34,35 @@ f32 = np.float32
 
 
 class TrieNode:
-    """A string's node: its occurrence count, its children by token, and the children per count in sibling order
-    (`groups[c]`, token -> child); `top` is the highest child count (0: no child). A leaf (most nodes) has no dicts
-    (None), to save memory."""
+    """A string's node: its occurrence count and its children. `children` is None (a leaf: most nodes), the only
+    child itself (most of the rest: the dicts cost more memory than the node), or a dict token -> child, with
+    `groups[c]` (token -> child) holding the children of count c in sibling order; `top` is the highest child count
+    (0: no child)."""
 
     __slots__ = ("token", "count", "parent", "children", "groups", "top")
 
     def __init__(self, token: int, parent: TrieNode | None):
         self.token, self.parent, self.count, self.top = token, parent, 0, 0
-        self.children: dict[int, TrieNode] | None = None
+        self.children: TrieNode | dict[int, TrieNode] | None = None
         self.groups: dict[int, OrderedDict[int, TrieNode]] | None = None
 
     def child(self, token: int) -> TrieNode | None:
-        return self.children.get(token) if self.children else None
+        children = self.children
+        if type(children) is TrieNode:
+            return children if children.token == token else None
+        return children.get(token) if children else None
 
     def first_child(self) -> TrieNode | None:
         """The most frequent child, upstream's head of the siblings."""
-        return next(iter(self.groups[self.top].values())) if self.top else None
+        if type(self.children) is TrieNode or not self.top:
+            return self.children or None
+        return next(iter(self.groups[self.top].values()))
 
     def ordered_children(self):
         """Every child, in sibling order."""
+        if type(self.children) is TrieNode:
+            yield self.children
+            return
         for count in sorted(self.groups or (), reverse=True):
             yield from self.groups[count].values()
 
@@ -77,8 +87,14 @@ def _join_group(child: TrieNode, front: bool) -> None:
 
 def _count_up(parent: TrieNode, token: int) -> TrieNode:
     """One more occurrence of parent's string + token (a new child last among the count-1 ones)."""
-    if parent.children is None:
-        parent.children, parent.groups = {}, {}
+    only = parent.children
+    if only is None or (type(only) is TrieNode and only.token == token):  # no sibling order to keep
+        child = parent.children = only or TrieNode(token, parent)
+        child.count += 1
+        parent.top = child.count
+        return child
+    if type(only) is TrieNode:  # a second child: the dicts, the first child alone in its group
+        parent.children, parent.groups = {only.token: only}, {only.count: OrderedDict({only.token: only})}
     child = parent.children.get(token)
     if child is None:
         child = parent.children[token] = TrieNode(token, parent)
@@ -94,6 +110,12 @@ def _count_up(parent: TrieNode, token: int) -> TrieNode:
 def _count_down(child: TrieNode) -> bool:
     """One occurrence fewer (first among its new count); a child left with none is cut off. True if it was."""
     parent = child.parent
+    if parent.children is child:  # the only child
+        child.count -= 1
+        parent.top = child.count
+        if not child.count:
+            parent.children = None
+        return child.count == 0
     _leave_group(child)
     child.count -= 1
     if child.count:
