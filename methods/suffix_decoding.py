@@ -16,7 +16,7 @@ max_cached_requests=1), so that a turn's drafts depend on its own tokens only (o
 A carried tree is made with the drafter and shared by its copies: the rows of a batch add their outputs to one tree,
 as vLLM's requests do. `learned_state` notes which responses the global tree holds; `restore_learned_state` rebuilds
 it from them when they changed (the same counts; equal counts in the order of appending the kept responses one
-after another, which is the original order unless responses were evicted meanwhile).
+after another, which is the original order at batch size 1 unless responses were evicted meanwhile).
 """
 from __future__ import annotations
 
