@@ -190,8 +190,8 @@ def test_the_repeated_prompts_task_asks_each_format_every_fourth_request():
     from bench.config import compose_config
     from tasks import load_questions
 
-    questions = load_questions(compose_config("task=agentic_repeats").task)
-    assert len(questions) == 40 and {q["category"] for q in questions} == {"agentic_repeats"}
+    questions = load_questions(compose_config("task=repeated_agentic").task)
+    assert len(questions) == 40 and {q["category"] for q in questions} == {"repeated_agentic"}
     formats = [q["turns"][0].split("\n")[0] for q in questions]
     assert len(set(formats)) == 4 and formats[:4] == formats[4:8] == formats[36:]
 
