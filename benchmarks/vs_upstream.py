@@ -1,7 +1,7 @@
-"""Parity check: our Lookahead, Medusa and EAGLE-1 against the reference implementations on the package index, and
-our Token Recycling and SAM-Decoding against Spec-Bench's own runners.
+"""Parity check: our Lookahead, Medusa, EAGLE-1 and SuffixDecoding against the reference implementations on the package
+index, and our Token Recycling and SAM-Decoding against Spec-Bench's own runners.
 
-    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle,recycling,samd] [--questions 81,82]
+    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle,recycling,samd,suffix] [--questions 81,82]
         [--max-new-tokens 64] [--spec-bench DIR]
 
 Both sides decode the same prompt token ids (MT-bench questions 81-82, both turns, turn 2 asked after vanilla's
@@ -21,11 +21,20 @@ object: its warm-up (both turns of the first question, 3 times, not counted), th
 knob that shapes that state explicitly, and say so. SAMD's generate decodes one token past max_new_tokens, and its
 recycling fallback learns from it: the samd[recycling] row does too (forwards counted until max_new_tokens).
 
-The upstream side runs in side virtual environments, made once in $SPECBENCH_CACHE/upstream-venv and
-$SPECBENCH_CACHE/spec-bench-venv (default ~/.cache/specbench/...) with --system-site-packages, so they reuse this
-machine's torch; the packages are installed with --no-deps and only the dependencies the code paths need are added,
-pinned (UPSTREAM_PINS, SPEC_BENCH_PINS). The drivers run there as subprocesses. #MAT is a count, so machine load does
-not matter.
+SuffixDecoding runs arctic-inference 0.3.0's own suffix tree (its compiled SuffixTree, through SuffixDecodingCache, as
+vLLM's `suffix` proposer calls it) by benchmarks/arctic_driver.py. It drafts without a model, so both sides are also
+fed the same steps without one (arctic_driver.simulate: the target's greedy answer decides what is accepted), and
+their drafts are compared step by step (printed under the table); our #MAT is still our engine's, one drafter through
+the prompts in order (the global tree learns across them, as a vLLM server's does). Rows: vLLM's defaults (a chain),
+use_tree_spec, and carry_over=false beside upstream's max_cached_requests=1.
+
+The upstream side runs in side virtual environments, made once in $SPECBENCH_CACHE/upstream-venv,
+$SPECBENCH_CACHE/spec-bench-venv and $SPECBENCH_CACHE/arctic-venv (default ~/.cache/specbench/...) with
+--system-site-packages, so they reuse this machine's torch; the packages are installed with --no-deps and only the
+dependencies the code paths need are added, pinned (UPSTREAM_PINS, SPEC_BENCH_PINS, ARCTIC_PINS). arctic-inference
+is a source distribution: its suffix tree is compiled on install (C++20, cmake, ninja, nanobind; ARCTIC_BUILD), with
+the build isolation off so that it builds against this machine's torch instead of downloading one. The drivers run
+there as subprocesses. #MAT is a count, so machine load does not matter.
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from omegaconf import OmegaConf
@@ -46,6 +56,7 @@ from bench.artifacts import PROJECT_ROOT, cache_dir
 from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.models import dequantized_gguf, eos_token_ids, load_model
+from benchmarks.arctic_driver import simulate
 from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
 from methods.eagle.checkpoints import load_eagle
 from methods.eagle.static import Eagle1Drafter
@@ -54,6 +65,7 @@ from methods.medusa.checkpoints import load_medusa
 from methods.medusa.drafter import MedusaDrafter
 from methods.recycling import TEMPLATES, RecyclingDrafter
 from methods.samd import SamdDrafter
+from methods.suffix_decoding import SuffixDecodingDrafter
 from tasks import read_questions
 from tasks.prompts import build_prompt
 
@@ -67,31 +79,48 @@ UPSTREAM_PINS = ("lade==0.0.2", "medusa-llm==0.1", "eagle-llm==1.2.1", "transfor
 SPEC_BENCH_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hub==0.20.3")
 SPEC_BENCH_GET = "git clone https://github.com/hemingkx/Spec-Bench {dir}"
 SPEC_BENCH_METHODS = {"recycling", "samd"}
+# arctic-inference's build needs nanobind (its pin) and wheel; this machine has its torch, cmake, ninja and g++. The
+# package's other dependencies (vLLM, gRPC for its embedding server) are not used by its suffix tree.
+ARCTIC_PINS = ("arctic-inference==0.3.0",)
+ARCTIC_BUILD = ("nanobind==2.9.2", "wheel")
 DRIVERS = {"packages": Path(__file__).with_name("upstream_driver.py"),
-           "spec-bench": Path(__file__).with_name("spec_bench_driver.py")}
-SIDES = {"packages": ("upstream-venv", UPSTREAM_PINS), "spec-bench": ("spec-bench-venv", SPEC_BENCH_PINS)}
+           "spec-bench": Path(__file__).with_name("spec_bench_driver.py"),
+           "arctic": Path(__file__).with_name("arctic_driver.py")}
+SIDES = {"packages": ("upstream-venv", UPSTREAM_PINS), "spec-bench": ("spec-bench-venv", SPEC_BENCH_PINS),
+         "arctic": ("arctic-venv", ARCTIC_PINS, ARCTIC_BUILD)}
 SPEC_BENCH_WARMUP = 3  # evaluation/eval.py: both turns of the first question, 3 times, before the counted ones
 SAMD = {"n_predicts": 40, "len_threshold": 5, "len_bias": 5}  # Spec-Bench's eval.sh
 SAMD_EAGLE2_TREE = {"total_token": 63, "depth": 5, "top_k": 8}  # model/samd's Eagle2Model defaults
 MEDUSA_TREE = [1, 7, 6]  # medusa-llm 0.1's medusa_generate default
 LOOKAHEAD = {"window_size": 15, "ngram_size": 5, "guess_set_size": 15}
 UPSTREAM_LOOKAHEAD = {"initial_window": "upstream", "max_accept": "n_minus_1", "seed": 10}  # + slide
+# vLLM's SpeculativeConfig defaults for method "suffix" (vLLM 0.32), as our conf/method/suffix.yaml sets them
+SUFFIX = {"max_tree_depth": 24, "num_speculative_tokens": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0,
+          "min_token_prob": 0.1, "use_tree_spec": False, "max_cached_requests": 10000}
 
 
-def side_venv(name: str, pins: tuple[str, ...]) -> Path:
-    """A side environment's python, made on first use (pins recorded in the venv; a change rebuilds it)."""
+def side_venv(name: str, pins: tuple[str, ...], build: tuple[str, ...] = ()) -> Path:
+    """A side environment's python, made on first use (pins recorded in the venv; a change rebuilds it). With
+    `build` (what building the pinned source distributions needs), those are installed first and the pins built
+    against this machine's packages (no build isolation)."""
     venv = cache_dir() / name
     python, stamp = venv / "bin" / "python", venv / "specbench-pins.txt"
-    if stamp.exists() and stamp.read_text() == "\n".join(pins):
+    if stamp.exists() and stamp.read_text() == "\n".join(build + pins):
         return python
     print(f"making the side environment {venv}", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *pins], check=True)
+    isolation = []
+    if build:
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *build], check=True)
+        isolation = ["--no-build-isolation"]
+    env = {**os.environ, "CMAKE_ARGS": f"-DPython_EXECUTABLE={python}"}  # cmake would find the system's python
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *isolation, *pins], check=True,
+                   env=env)
     side_torch = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], check=True,
                                 capture_output=True, text=True).stdout.strip()
     if side_torch != torch.__version__:
         raise RuntimeError(f"the side environment's torch is {side_torch}, not this one's {torch.__version__}")
-    stamp.write_text("\n".join(pins))
+    stamp.write_text("\n".join(build + pins))
     return python
 
 
@@ -294,6 +323,52 @@ def spec_bench_comparisons(methods: set[str], model, tokenizer, heads_dir: Path,
     return rows
 
 
+def suffix_comparisons(methods: set[str], model) -> list[dict]:
+    """Rows against arctic-inference's suffix tree: one drafter (one cache upstream) through the prompts in order."""
+    if "suffix" not in methods:
+        return []
+    rows = []
+    for label, ours, theirs in (("vLLM's defaults, a chain", {}, {}),
+                                ("use_tree_spec=true", {"use_tree_spec": True}, {"use_tree_spec": True}),
+                                ("carry_over=false vs max_cached_requests=1", {"carry_over": False},
+                                 {"max_cached_requests": 1})):
+        knobs = {**SUFFIX, **ours}
+        rows.append({"method": "suffix", "side": "arctic", "warmup": 0, "knobs": knobs,
+                     "settings": f"{label}: ours {knob_text(ours) or 'at SUFFIX'} vs arctic-inference 0.3.0 "
+                                 f"SuffixDecodingCache {knob_text(theirs) or 'at SUFFIX'}",
+                     "ours": lambda knobs=knobs: SuffixDecodingDrafter(model, **knobs),
+                     "upstream": {"method": "suffix", "knobs": {**SUFFIX, **theirs}}})
+    return rows
+
+
+def simulated_drafts(make_drafter, prompts: list[list[int]], answers: list[list[int]], max_new_tokens: int) -> list:
+    """Our drafter through arctic_driver.simulate (the upstream side's steps): its drafts, per prompt and step."""
+    drafter = make_drafter()
+
+    def draft(context: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
+        tree = drafter.propose(context, max_tokens)
+        return (list(tree.tokens), list(tree.parents)) if tree is not None else ([], [])
+
+    def accept(tokens: list[int]) -> None:
+        drafter.update(SimpleNamespace(acceptance=SimpleNamespace(tokens=tokens)))
+
+    drafts = []
+    for prompt, answer in zip(prompts, answers):
+        drafter.start(prompt)
+        drafts.append(simulate(prompt, answer, max_new_tokens, draft, accept)["drafts"])
+    return drafts
+
+
+def draft_agreement(ours: list, theirs: list) -> str:
+    """How many steps drafted alike, and where the first that did not is."""
+    pairs = [(p, s, a, b) for p, (mine, other) in enumerate(zip(ours, theirs)) for s, (a, b) in
+             enumerate(zip(mine, other))]
+    equal = sum(a == b for _, _, a, b in pairs)
+    first = next((f" (first difference: prompt {p}, step {s}: ours {a}, upstream {b})" for p, s, a, b in pairs
+                  if a != b), "")
+    return f"{equal} of {len(pairs)} steps{first}"
+
+
 def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition) -> list[tuple[list[int], int]]:
     """Our (tokens, target forwards until they were known) per prompt: a fresh drafter per prompt, or (rows with a
     warm-up) one drafter through Spec-Bench's sequence, the warm-up left out. Rows with `decode_past` decode that
@@ -339,7 +414,7 @@ def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="lookahead,medusa,eagle,recycling,samd")
+    parser.add_argument("--methods", default="lookahead,medusa,eagle,recycling,samd,suffix")
     parser.add_argument("--questions", default="81,82", help="question ids (MT-bench: 81-160)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--spec-bench", default=None, help="a hemingkx/Spec-Bench checkout (default: "
@@ -357,9 +432,12 @@ def main() -> None:
     stop = StopCondition(args.max_new_tokens, frozenset(eos))
     job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
            "prompts": prompts}
+    if "suffix" in methods:  # the target's greedy answers: what a model-free drafter is accepted against
+        job["answers"] = [SpeculativeEngine(model).generate(p, stop).tokens for p in prompts]
     with tempfile.TemporaryDirectory() as tmp:
         rows = comparisons(methods, model, Path(tmp)) + spec_bench_comparisons(methods, model, tokenizer, Path(tmp),
                                                                                spec_bench)
+        rows += suffix_comparisons(methods, model)
         for index, row in enumerate(rows):
             row["upstream"]["name"] = f"run{index}"  # rows sharing an upstream run share its last name
         upstream = {}
@@ -380,6 +458,10 @@ def main() -> None:
         equal = divergence(row["our_tokens"], [r["tokens"] for r in theirs])
         print(f"| {row['method']} | {row['settings']} | {row['our_mat']:.3f} | {mat:.3f} | "
               f"{(row['our_mat'] - mat) / mat:+.1%} | {equal} |")
+    for row in (r for r in rows if r["method"] == "suffix"):
+        ours = simulated_drafts(row["ours"], prompts, job["answers"], args.max_new_tokens)
+        theirs = [r["drafts"] for r in upstream[row["upstream"]["name"]]]
+        print(f"suffix, {row['settings'].split(':')[0]}: drafts equal at {draft_agreement(ours, theirs)}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ def method_drafters(model, tmp_path, prompts):
     from methods.recycling import RecyclingDrafter
     from methods.samd import SamdDrafter
     from methods.sps.draft import slice_target
+    from methods.suffix_decoding import SuffixDecodingDrafter
     from tests.test_eagle import random_head
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
@@ -92,6 +93,7 @@ def method_drafters(model, tmp_path, prompts):
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
         "samd": lambda: SamdDrafter(model, eagle2={"head": random_head(model, 3), "total_token": 10, "depth": 4,
                                                    "top_k": 3}),
+        "suffix": lambda: SuffixDecodingDrafter(model, carry_over=False),  # a carried global tree: shared by the rows
     }
 
 
@@ -147,7 +149,7 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd"])
+                                    "recycling", "samd", "suffix"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -266,7 +268,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd"]:
+                   "samd", "suffix"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

@@ -104,7 +104,7 @@ def tokens_by_question(path) -> dict:
 
 
 @pytest.mark.parametrize("method", ["sps", "eagle", "eagle2", "medusa", "hydra", "pld", "lookahead", "rest",
-                                    "recycling", "samd", "vanilla"])
+                                    "recycling", "samd", "suffix", "vanilla"])
 def test_sampled_runs_with_repeats_succeed(compose, tiny_artifacts, tmp_path, method, one_thread):
     """repeats=3 under sampling: every repeat of a turn gives the same tokens (else RepeatMismatchError)."""
     summary = run(compose(f"method={method}", "task=mt_bench", "task.limit=2", "repeats=3", "gen.temperature=1",

@@ -52,6 +52,8 @@ def test_a_bad_pld_knob_is_one_line(override, line):
     ("samd", "+method.drafter.recycling.kk=0", "method.drafter.recycling.kk=0: RecyclingDrafter has no such knob; "
                                                "its knobs: k, template, carry_over, seed_from_prefill, vocab_size"),
     ("rest", "method.drafter.max_token_span=1", "method.drafter.max_token_span=1: must be >= 2"),
+    ("suffix", "method.drafter.min_token_prob=1.5", "method.drafter.min_token_prob=1.5: must be in [0, 1]"),
+    ("suffix", "method.drafter.max_tree_depth=0", "method.drafter.max_tree_depth=0: must be >= 1"),
     ("rest", "method.drafter.num_draft=null", "method.drafter.num_draft=null: must be an integer"),
 ])
 def test_each_training_free_drafter_refuses_a_bad_knob_in_one_line(method, override, line):
