@@ -92,6 +92,10 @@ class SuffixDecodingDrafter(Drafter):
         self.responses = ResponseCache(max_tree_depth, max_cached_requests)  # carried: shared by every copy
         self.last_draft: Draft | None = None
 
+    # Spec-Bench never ran it; vLLM starts its global tree empty, so the warm-up's lesson (the first question's
+    # answer, decoded 3 times) is forgotten before the timed run (bench.engine.drafter.Drafter).
+    learns_in_warm_up = False
+
     @property
     def learns_across_prompts(self) -> bool:
         """True when earlier turns' outputs shape this turn's drafts (a carried global tree)."""

@@ -374,3 +374,18 @@ def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compos
     assert auto_row[2].endswith("x") and auto_row[4].endswith("%")
     assert len(list((tmp_path / "report").glob("forward_time-*.png"))) == 1
     assert len(list((tmp_path / "report").glob("predicted_vs_measured-*.png"))) == 1
+
+
+def test_a_planned_drafter_learns_across_prompts_as_its_drafter_does(tiny_model, prompts):
+    """sizing=auto keeps a learning drafter's Spec-Bench warm-up and its rewind before each repeat."""
+    from methods.recycling import RecyclingDrafter
+
+    inner = RecyclingDrafter(tiny_model)
+    auto = PlannedDrafter(inner, linear_profile(), tiny_model.device)
+    assert auto.learns_across_prompts is True
+    assert PlannedDrafter(PromptLookupDrafter(), linear_profile(), tiny_model.device).learns_across_prompts is False
+    state = auto.learned_state()
+    SpeculativeEngine(tiny_model, auto).generate(prompts[0], StopCondition(20))
+    assert not torch.equal(inner.matrix.table, state)
+    auto.restore_learned_state(state)
+    assert torch.equal(inner.matrix.table, state)

@@ -182,6 +182,22 @@ def test_a_drafter_that_learns_across_prompts_is_warmed_up_as_spec_bench_and_say
     assert meta["drafter_learns_across_prompts"] is False and meta["warm_up"] == "2 tokens"
 
 
+def test_a_drafter_that_does_not_keep_the_warm_up_lesson_starts_the_timed_run_knowing_nothing(compose, tmp_path,
+                                                                                             monkeypatch):
+    """SuffixDecoding (learns_in_warm_up false) is warmed up as Spec-Bench warms up, then put back as it was: its
+    global tree holds no response when the first timed question starts."""
+    from bench.measure.backends.engine import EngineBackend
+
+    held_after_warm_up = []
+    warm_up = EngineBackend.warm_up
+    monkeypatch.setattr(EngineBackend, "warm_up", lambda self, side, todo: warm_up(self, side, todo) or (
+        held_after_warm_up.append(self.decoders[side].engine.drafter.learned_state()) if side == "method" else None))
+    run(compose("method=suffix", "task=mt_bench", "task.limit=2"))
+    assert held_after_warm_up == [(0, ())]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["warm_up"] == "the first question, all turns, 3 times (Spec-Bench's), what it learned there forgotten"
+
+
 def sleepy_loader(load_model):
     """load_model whose model sleeps in every forward: the process waits without the CPU, as when starved."""
     def load(*args, **kwargs):

@@ -43,12 +43,16 @@ class Drafter:
     - `learns_across_prompts`: what it learned from earlier turns shapes its drafts (Token Recycling's matrix kept
       for the run). The harness then warms it up as Spec-Bench does (bench/measure/backends/engine.py) and starts
       every repeat of a turn from the same `learned_state()` (bench/measure/decoding.py), so repeats stay repeats.
+    - `learns_in_warm_up`: what it learned in that untimed warm-up stays for the timed run (Spec-Bench's runners
+      keep Token Recycling's matrix); False puts the drafter back as it was before the warm-up (SuffixDecoding,
+      which Spec-Bench never ran: vLLM starts it from an empty global tree).
     """
 
     feature_layers: tuple[int, ...] = ()
     samples: bool = False
     artifact: str | None = None
     learns_across_prompts: bool = False
+    learns_in_warm_up: bool = True
 
     def learned_state(self):
         """A copy of what it learned across prompts (learns_across_prompts), for restore_learned_state."""

@@ -137,6 +137,14 @@ class PlannedDrafter(Drafter):
         self.inner, self.device, self.clock = drafter, device, clock  # clock: for drafting seconds (tests fake it)
         self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior)
         self.feature_layers, self.samples, self.artifact = drafter.feature_layers, drafter.samples, drafter.artifact
+        # warmed up and rewound as the drafter is
+        self.learns_across_prompts, self.learns_in_warm_up = drafter.learns_across_prompts, drafter.learns_in_warm_up
+
+    def learned_state(self):
+        return self.inner.learned_state()
+
+    def restore_learned_state(self, state) -> None:
+        self.inner.restore_learned_state(state)
 
     @property
     def plans(self) -> list[int | None]:

@@ -84,7 +84,16 @@ class EngineBackend(Backend):
     def warm_up(self, side: str, todo: list[dict]) -> None:
         """Untimed decoding of the first question that fits (warmup_tokens new tokens, never more rows than the
         first real batch); a method whose drafter learns across prompts is warmed up as Spec-Bench's eval.py warms
-        every method up, which fills what it learns: the first question, all turns, SPEC_BENCH_WARM_UPS times."""
+        every method up, which fills what it learns: the first question, all turns, SPEC_BENCH_WARM_UPS times. A
+        drafter that does not keep the warm-up's lesson (`learns_in_warm_up` false) is put back as it was."""
+        drafter = self.decoders[side].engine.drafter
+        before = None if drafter is None or drafter.learns_in_warm_up else drafter.learned_state()
+        self.decode_warm_up(side, todo)
+        if before is not None:
+            drafter.restore_learned_state(before)
+
+    def decode_warm_up(self, side: str, todo: list[dict]) -> None:
+        """warm_up's decoding."""
         if side == METHOD and self.learns_across_prompts:
             for _ in range(SPEC_BENCH_WARM_UPS):
                 decode_group(self.decoders[side], todo[:1], [self.settings.seed + q["question_id"] for q in todo[:1]])
@@ -124,6 +133,8 @@ class EngineBackend(Backend):
         meta["drafter_learns_across_prompts"] = learns
         meta["warm_up"] = (f"the first question, all turns, {SPEC_BENCH_WARM_UPS} times (Spec-Bench's)" if learns
                            else f"{self.settings.warmup_tokens} tokens") if self.settings.warmup_tokens else None
+        if learns and meta["warm_up"] and not self.decoders[METHOD].engine.drafter.learns_in_warm_up:
+            meta["warm_up"] += ", what it learned there forgotten"
         return meta
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
