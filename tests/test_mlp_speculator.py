@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
+from transformers import AutoConfig
 
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from methods.heads.tiny import random_weights
@@ -17,6 +18,7 @@ from methods.mlp_speculator.head import PublishedMLPSpeculator
 from tests.conftest import VOCAB
 from tests.drafters import recording
 from tests.method_checks import assert_lossless
+from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
 
 HIDDEN, INNER = 64, 48  # the tiny target's width; the stages' own
 TOP_K, N_CANDIDATES = [4, 3, 2], 5
@@ -25,7 +27,13 @@ IBM_NAMES = {"emb": "emb", "proj": "proj", "ln": "ln", "head": "head"}
 SPECULATORS_NAMES = {"emb": "emb_layers", "proj": "proj_layers", "ln": "layernorms", "head": "head"}
 
 
-def stage_tensors(n_predict: int, seed: int, names: dict, tied: bool = False) -> dict[str, torch.Tensor]:
+def random_stages(seed: int = 0) -> PublishedMLPSpeculator:
+    """Three published-layout stages for the tiny target, random float64 weights."""
+    return random_weights(PublishedMLPSpeculator(HIDDEN, INNER, VOCAB, 3), seed=seed).double()
+
+
+def stage_tensors(n_predict: int, seed: int, names: dict, tied: bool = False,
+                  vocab: int = VOCAB) -> dict[str, torch.Tensor]:
     """Random float32 stage weights named as a layout names them; tied: one tensor each (proj: stage 0 and one
     for the rest), as save_pretrained writes tied modules."""
     generator = torch.Generator().manual_seed(seed)
@@ -36,8 +44,8 @@ def stage_tensors(n_predict: int, seed: int, names: dict, tied: bool = False) ->
     tensors = {}
     for i in range(n_predict):
         if not tied or i == 0:
-            tensors[f"{names['emb']}.{i}.weight"] = normal(VOCAB, INNER)
-            tensors[f"{names['head']}.{i}.weight"] = normal(VOCAB, INNER)
+            tensors[f"{names['emb']}.{i}.weight"] = normal(vocab, INNER)
+            tensors[f"{names['head']}.{i}.weight"] = normal(vocab, INNER)
             tensors[f"{names['ln']}.{i}.weight"] = normal(INNER, mean=1.0)
             tensors[f"{names['ln']}.{i}.bias"] = normal(INNER)
         if not tied or i <= 1:
@@ -45,15 +53,16 @@ def stage_tensors(n_predict: int, seed: int, names: dict, tied: bool = False) ->
     return tensors
 
 
-def write_ibm(folder, n_predict: int = 3, tied: bool = False, scale_input: bool = False, seed: int = 0,
+def write_ibm(folder, n_predict: int = 3, tied: bool = False, scale_input: bool = False, vocab: int = VOCAB,
               **config) -> dict[str, torch.Tensor]:
-    """An IBM accelerator folder (config.json + model.safetensors) for the tiny target; returns its tensors."""
+    """An IBM accelerator folder (config.json + model.safetensors) for a target of the tiny width and `vocab` tokens;
+    returns its tensors."""
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = stage_tensors(n_predict, seed, IBM_NAMES, tied)
+    tensors = stage_tensors(n_predict, 0, IBM_NAMES, tied, vocab)
     save_file(tensors, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({
         "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", "emb_dim": HIDDEN,
-        "inner_dim": INNER, "vocab_size": VOCAB, "n_predict": n_predict, "top_k_tokens_per_head": TOP_K[:n_predict],
+        "inner_dim": INNER, "vocab_size": vocab, "n_predict": n_predict, "top_k_tokens_per_head": TOP_K[:n_predict],
         "n_candidates": N_CANDIDATES, "tie_weights": tied, "scale_input": scale_input, **config}))
     return tensors
 
@@ -200,7 +209,7 @@ def test_tree_merges_shared_prefixes():
 
 
 def test_knobs_are_checked_and_cut_to_the_step(tiny_model):
-    stages = random_weights(PublishedMLPSpeculator(HIDDEN, INNER, VOCAB, 3), seed=0).double()
+    stages = random_stages()
     with pytest.raises(ValueError, match="n_predict=4 but the checkpoint has 3 stages"):
         MLPSpeculatorDrafter(tiny_model, n_predict=4, heads=stages)
     with pytest.raises(ValueError, match=r"method.drafter.top_k_tokens_per_head=\[2, 0\]: must be a list"):
@@ -219,8 +228,45 @@ Recorder = recording(MLPSpeculatorDrafter)
 def test_greedy_mlp_speculator_equals_vanilla(tiny_model, prompts, top_k, n_candidates, one_thread):
     accepted = []
     for seed, prompt in enumerate(prompts):
-        stages = random_weights(PublishedMLPSpeculator(HIDDEN, INNER, VOCAB, 3), seed=seed).double()
-        drafter = Recorder(tiny_model, top_k_tokens_per_head=top_k, n_candidates=n_candidates, heads=stages)
+        drafter = Recorder(tiny_model, top_k_tokens_per_head=top_k, n_candidates=n_candidates,
+                           heads=random_stages(seed))
         assert_lossless(tiny_model, drafter, prompt, 40)
         accepted += drafter.accepted
     assert 0 in accepted and max(accepted) >= 1
+
+
+def test_train_mlp_speculator_writes_a_loadable_checkpoint(tiny_checkpoint, corpus, tmp_path, one_thread):
+    from bench.models import load_model
+    from methods.heads.settings import TrainingRun
+    from methods.heads.training import train_heads
+    from methods.mlp_speculator.train import MLPSpeculatorRecipe
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "mlp_speculator", "train.n_predict=2",
+                       "train.draft_vocab_size=64")
+    out_dir = train_heads(TrainingRun.from_config(cfg), MLPSpeculatorRecipe())
+    card = json.loads((out_dir / "card.json").read_text())
+    assert card["method"] == "mlp_speculator" and [h["head"] for h in card["heldout_agreement"]] == [0, 1]
+    assert json.loads((out_dir / "config.json").read_text()) == {
+        "specbench_method": "mlp_speculator", "n_predict": 2, "scale_input": False, "top_k_tokens_per_head": [5, 4],
+        "n_candidates": 5}
+    cfg.model.dtype = "float64"
+    target, _ = load_model(cfg.model, torch.device("cpu"))
+    drafter = MLPSpeculatorDrafter(target, checkpoint=str(out_dir))
+    assert (drafter.n_predict, drafter.top_k, drafter.n_candidates, drafter.vocab.size) == (2, [5, 4], 5, 64)
+    assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_runs_with_an_ibm_checkpoint_and_sizing_auto_are_lossless(compose, tiny_checkpoint, tmp_path, batch_size,
+                                                                   one_thread):
+    """`python -m bench method=mlp_speculator method.sizing=auto` on an IBM-layout checkpoint for the tiny target,
+    at batch 1 and batched: every answer equals vanilla's."""
+    from bench.measure.run import run
+    from bench.records import read_jsonl
+
+    write_ibm(tmp_path / "ibm", vocab=AutoConfig.from_pretrained(tiny_checkpoint).vocab_size)
+    run(compose("method=mlp_speculator", f"method.drafter.checkpoint={tmp_path / 'ibm'}", "method.sizing=auto",
+                "task=qa", "task.limit=2", f"gen.batch_size={batch_size}"))
+    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
+    assert len(answers) == 2 and all(a["exact_match"] for a in answers)
+    assert {a["method"] for a in answers} == {"mlp_speculator+auto"}
