@@ -270,3 +270,12 @@ def test_runs_with_an_ibm_checkpoint_and_sizing_auto_are_lossless(compose, tiny_
     answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert len(answers) == 2 and all(a["exact_match"] for a in answers)
     assert {a["method"] for a in answers} == {"mlp_speculator+auto"}
+
+
+def test_the_published_pair_for_gpu_users_is_llama3_with_ibms_accelerator():
+    from bench.config import compose_config
+
+    cfg = compose_config("method=mlp_speculator", "model=llama3_8b")
+    assert cfg.model.path == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert cfg.method.drafter.checkpoint == "ibm-ai-platform/llama3-8b-accelerator"
+    assert [cfg.method.drafter[k] for k in ("n_predict", "top_k_tokens_per_head", "n_candidates")] == [None] * 3
