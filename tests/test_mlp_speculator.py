@@ -279,3 +279,38 @@ def test_the_published_pair_for_gpu_users_is_llama3_with_ibms_accelerator():
     assert cfg.model.path == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert cfg.method.drafter.checkpoint == "ibm-ai-platform/llama3-8b-accelerator"
     assert [cfg.method.drafter[k] for k in ("n_predict", "top_k_tokens_per_head", "n_candidates")] == [None] * 3
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+def test_our_stages_in_ibms_layout_draft_the_same_candidates(tiny_model, tmp_path, draft_vocab):
+    """methods/mlp_speculator/to_vllm.py: our stages (random, over the full vocabulary or a 40-token slice) rewritten
+    in IBM's layout load as an IBM checkpoint and draft the same candidates."""
+    from methods.heads.common import DraftVocabulary
+    from methods.mlp_speculator.head import SharedVocabMLPSpeculator
+    from methods.mlp_speculator.to_vllm import write_ibm_layout
+
+    ids = None if draft_vocab is None else torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[
+        :draft_vocab].sort().values
+    vocab = DraftVocabulary(tiny_model.get_output_embeddings(), ids)
+    stages = random_weights(SharedVocabMLPSpeculator(HIDDEN, 3), seed=5, std=0.1).double()
+    stages.attach_embedding(tiny_model.get_input_embeddings())
+    write_ibm_layout(stages, vocab, tmp_path / "ibm", torch.float32)
+    ours = MLPSpeculatorDrafter(tiny_model, heads=stages, vocab=vocab)
+    converted = MLPSpeculatorDrafter(tiny_model, checkpoint=str(tmp_path / "ibm"))
+    assert converted.top_k == ours.top_k and converted.n_candidates == ours.n_candidates
+    h, root, candidates = first_candidates(tiny_model, ours)
+    assert first_candidates(tiny_model, converted)[2] == candidates
+    tokens = torch.tensor([root, *candidates[0][:-1]])
+    torch.testing.assert_close(stage_probs(converted, h, tokens), stage_probs(ours, h, tokens), atol=1e-6, rtol=1e-4)
+
+
+def stage_probs(drafter: MLPSpeculatorDrafter, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each stage's next-token distribution over the whole vocabulary ([n_predict, vocab]), stage i conditioned on
+    tokens[i]."""
+    state, probs = drafter.stages.first_state(h[None]), []
+    with torch.inference_mode():
+        for stage, token in enumerate(tokens):
+            state = drafter.stages.advance(stage, state, token[None])
+            logits = drafter.stages.logits(stage, state, drafter.vocab)
+            probs.append(drafter.vocab.full_probs(torch.softmax(logits, dim=-1))[0])
+    return torch.stack(probs)
