@@ -17,7 +17,7 @@ from methods.mlp_speculator.drafter import MLPSpeculatorDrafter, tree_of_sequenc
 from methods.mlp_speculator.head import PublishedMLPSpeculator
 from tests.conftest import VOCAB
 from tests.drafters import recording
-from tests.method_checks import assert_lossless
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
 
 HIDDEN, INNER = 64, 48  # the tiny target's width; the stages' own
@@ -314,3 +314,35 @@ def stage_probs(drafter: MLPSpeculatorDrafter, h: torch.Tensor, tokens: torch.Te
             logits = drafter.stages.logits(stage, state, drafter.vocab)
             probs.append(drafter.vocab.full_probs(torch.softmax(logits, dim=-1))[0])
     return torch.stack(probs)
+
+
+@pytest.mark.real_model
+def test_committed_mlp_speculator_is_lossless_on_smollm2():
+    mean_accepted = assert_lossless_on_smollm2("mlp_speculator", category="writing", count=2)
+    assert mean_accepted > 1.3
+
+
+def test_to_vllm_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    from bench.config import compose_config
+    from bench.models import load_model
+    from methods.heads.common import save_heads
+    from methods.mlp_speculator.head import SharedVocabMLPSpeculator
+    from methods.mlp_speculator.to_vllm import main
+    from tests.conftest import tiny_overrides
+
+    overrides = tiny_overrides(tiny_checkpoint, tmp_path / "run")
+    target, _ = load_model(compose_config(*overrides).model, torch.device("cpu"))
+    stages = random_weights(SharedVocabMLPSpeculator(HIDDEN, 2), seed=6, std=0.1)
+    save_heads(tmp_path / "ours", {"specbench_method": "mlp_speculator", "n_predict": 2, "scale_input": False,
+                                   "top_k_tokens_per_head": [3, 2], "n_candidates": 4}, stages.state_dict(), {})
+    main([str(tmp_path / "ours"), str(tmp_path / "ibm"), *overrides])
+    assert "IBM's accelerator layout" in capsys.readouterr().out
+    config = json.loads((tmp_path / "ibm" / "config.json").read_text())
+    assert (config["inner_dim"], config["top_k_tokens_per_head"], config["torch_dtype"]) == (HIDDEN + 1, [3, 2],
+                                                                                           "float16")
+    ours = MLPSpeculatorDrafter(target, checkpoint=str(tmp_path / "ours"))
+    converted = MLPSpeculatorDrafter(target, checkpoint=str(tmp_path / "ibm"))
+    hidden = torch.randn(1, HIDDEN, dtype=target.dtype, generator=torch.Generator().manual_seed(0))
+    for drafter in (ours, converted):
+        drafter.start([1, 2], hidden=hidden)
+    assert converted.candidates(7, 2).tolist() == ours.candidates(7, 2).tolist()
