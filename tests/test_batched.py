@@ -23,6 +23,7 @@ from methods.eagle.static import Eagle1Drafter
 from methods.hydra.drafter import HydraDrafter
 from methods.lookahead import LookaheadDrafter
 from methods.medusa.drafter import MedusaDrafter
+from methods.mlp_speculator.drafter import MLPSpeculatorDrafter
 from methods.pld import PromptLookupDrafter
 from methods.rest import RestDrafter
 from methods.rest_datastore import write_datastore
@@ -79,6 +80,7 @@ def method_drafters(model, tmp_path, prompts):
     from tests.test_eagle import random_head
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
+    from tests.test_mlp_speculator import random_stages
 
     store = write_datastore(tmp_path / "toy.idx", [p + vanilla_tokens(model, p, 24) for p in prompts], sort_depth=4)
     return {
@@ -88,6 +90,7 @@ def method_drafters(model, tmp_path, prompts):
         "sps": lambda: DraftModelDrafter(model, draft_model=slice_target(model, [0]), num_draft_tokens=4),
         "medusa": lambda: MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=medusa_heads(64)),
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
+        "mlp_speculator": lambda: MLPSpeculatorDrafter(model, heads=random_stages()),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
@@ -149,7 +152,7 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd", "suffix"])
+                                    "recycling", "samd", "suffix", "mlp_speculator"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -268,7 +271,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd", "suffix"]:
+                   "samd", "suffix", "mlp_speculator"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

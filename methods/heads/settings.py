@@ -29,7 +29,8 @@ STORED_DTYPES = ("bfloat16", "float16", "float32")
 SOURCES = ("sharegpt", "self_distill")
 AUTOCAST_DTYPES = ("auto", "float32", "bfloat16")
 RECIPE_CHOICES = {"target_distribution": ("full", "top_k", "argmax")}  # train.recipe.<key>: its values (EAGLE-3's)
-RECIPE_COUNTS = {"num_heads": 1, "ttt_steps": 1, "num_layers": 0, "soft_top_k": 0}  # train.<key>: its least value
+# train.<key>: its least value
+RECIPE_COUNTS = {"num_heads": 1, "ttt_steps": 1, "num_layers": 0, "soft_top_k": 0, "n_predict": 1}
 
 
 def model_pins(cfg: DictConfig) -> dict:
