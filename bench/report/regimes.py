@@ -14,6 +14,7 @@ from bench.report.runs import SETTING_COLUMNS, method_labels, select_latest
 from bench.report.tables import VANILLA
 
 BUCKET_TASK = re.compile(r"long_(\d+)k")  # the long-input task's categories: long_1k, long_2k, long_4k, long_7k
+BUCKET_NUMBERS = ("speedup", "low", "high", "#MAT")  # bucket_table's columns per bucket: `<bucket> <number>`
 
 
 def bucket_tasks(tasks) -> list[str]:
@@ -22,9 +23,8 @@ def bucket_tasks(tasks) -> list[str]:
 
 
 def bucket_table(board: pd.DataFrame) -> pd.DataFrame:
-    """One setting's long-input view: a row per drafting method, per bucket its speedup (95% interval) and #MAT
-    (numbers: `<bucket> speedup`, `<bucket> low`, `<bucket> high`, `<bucket> #MAT`), bucket order; empty without
-    buckets."""
+    """One setting's long-input view: a row per drafting method, per bucket (in length order) its speedup, the
+    speedup's 95% interval and #MAT (BUCKET_NUMBERS); no bucket columns where the board has no bucket."""
     buckets = bucket_tasks(board.task)
     drafted = board[(board.method != VANILLA) & board.task.isin(buckets)]
     rows = []
@@ -35,10 +35,9 @@ def bucket_table(board: pd.DataFrame) -> pd.DataFrame:
             hit = by_task.loc[bucket] if bucket in by_task.index else None
             values = (math.nan,) * 4 if hit is None else (hit.speedup, hit.speedup_ci_low, hit.speedup_ci_high,
                                                           hit.mean_accepted_tokens)
-            row.update(zip((f"{bucket} speedup", f"{bucket} low", f"{bucket} high", f"{bucket} #MAT"), values))
+            row.update(zip((f"{bucket} {number}" for number in BUCKET_NUMBERS), values))
         rows.append(row)
-    return pd.DataFrame(rows, columns=["Method", *(f"{b} {c}" for b in buckets
-                                                  for c in ("speedup", "low", "high", "#MAT"))])
+    return pd.DataFrame(rows, columns=["Method", *(f"{b} {number}" for b in buckets for number in BUCKET_NUMBERS)])
 
 
 def bucket_text(table: pd.DataFrame) -> pd.DataFrame:
@@ -47,7 +46,7 @@ def bucket_text(table: pd.DataFrame) -> pd.DataFrame:
     shown = pd.DataFrame({"Method": table.Method})
     for bucket in buckets:
         shown[bucket] = [speedup_text(s, lo, hi) + ("" if pd.isna(mat) else f" · {mat:.2f}") for s, lo, hi, mat in
-                         zip(*(table[f"{bucket} {c}"] for c in ("speedup", "low", "high", "#MAT")))]
+                         zip(*(table[f"{bucket} {number}"] for number in BUCKET_NUMBERS))]
     return shown
 
 
