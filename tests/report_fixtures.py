@@ -14,6 +14,8 @@ QUESTIONS = [(81, "writing"), (161, "translation"), (241, "summarization"), (321
 BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}  # vanilla: 12 tokens per turn in 1 s per question
 TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
                        ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]))
+# the long-input task's buckets, one question each (the file order of tasks/data/long_inputs.jsonl's ids)
+BUCKET_QUESTIONS = [(1101, "long_1k"), (1201, "long_2k"), (1401, "long_4k"), (1701, "long_7k")]
 
 
 def record(question_id: int, category: str, method: str, accepts: list[list[int]], wall_time: list[float],
@@ -46,7 +48,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
               model: str = "m", dtype: str = "bfloat16", device: str = "cpu", device_name: str = "Test CPU",
               max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
               finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
-              torch_version: str = "2.13.0", batch_size: int = 1, sizing: dict | None = None) -> Path:
+              torch_version: str = "2.13.0", batch_size: int = 1, sizing: dict | None = None, seed: int = 0) -> Path:
     """A run folder as bench/measure/run.py writes it; `sizing`: the method config's sizing keys, {"sizing": "auto"}
     or an older run's {"budget": "auto"} or {"batch_policy": "adaptive"}."""
     path.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
                               **(sizing or {})},
                    "model": {"name": model, "dtype": dtype}, "task": {"name": task, "limit": 1},
                    "gen": {"max_new_tokens": max_new_tokens, "temperature": temperature, "batch_size": batch_size},
-                   "seed": 0},
+                   "seed": seed},
         "git_commit": "abc", "torch": torch_version, "transformers": "5.24.0", "device": device,
         "device_name": device_name, "dtype": dtype, "host": "h", "started": finished, "finished": finished,
     }
@@ -76,12 +78,12 @@ def turns_of(category: str) -> int:
 
 
 def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], diverge: dict | None = None,
-               cpu_share: float | None = None, **kw) -> Path:
-    """A method run whose question qid ran `factor[qid]` times faster than its interleaved vanilla, adding
-    `accepts` tokens per decode step in each turn (after its prefill's token); `diverge` gives qid -> divergence
-    record; with `cpu_share`, every turn had that share of the CPU."""
+               cpu_share: float | None = None, questions: list[tuple[int, str]] = QUESTIONS, **kw) -> Path:
+    """A method run whose question qid (of `questions`) ran `factor[qid]` times faster than its interleaved vanilla,
+    adding `accepts` tokens per decode step in each turn (after its prefill's token); `diverge` gives qid ->
+    divergence record; with `cpu_share`, every turn had that share of the CPU."""
     answers, baselines = [], []
-    for qid, category in QUESTIONS:
+    for qid, category in questions:
         if qid not in factor:
             continue
         turns = turns_of(category)

@@ -20,6 +20,7 @@ COMMANDS = {
     "bench.regress": "python -m bench.regress",
     "bench.migrate_answers": "python -m bench.migrate_answers",
     "bench.report.__main__": "python -m bench.report",
+    "tasks.build_long_inputs": "python -m tasks.build_long_inputs",
 }
 SOURCE_FOLDERS = ("bench", "methods", "tasks")
 

@@ -23,7 +23,7 @@ LAYERS = [
 ]
 SIDE_BY_SIDE = {"bench.planning", "methods"}
 ENTRY_POINTS = {"bench.__main__", "bench.smoke", "bench.train", "bench.profile", "bench.datastore", "bench.regress",
-                "bench.migrate_answers", "bench.report.__main__"}
+                "bench.migrate_answers", "bench.report.__main__", "tasks.build_long_inputs"}
 SOURCE_FOLDERS = ("bench", "methods", "tasks")
 
 

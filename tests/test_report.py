@@ -16,7 +16,15 @@ from bench.report.plots import plot_speedup_by_task
 from bench.report.render import write_report
 from bench.report.runs import load_runs, method_labels, select_latest
 from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, formatted, leaderboard, wide_table
-from tests.report_fixtures import BASE_TIME, QUESTIONS, method_run, record, vanilla_records, write_run
+from tests.report_fixtures import (
+    BASE_TIME,
+    BUCKET_QUESTIONS,
+    QUESTIONS,
+    method_run,
+    record,
+    vanilla_records,
+    write_run,
+)
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
                        "Mathematical Reasoning", "Retrieval-aug. Generation", "#Mean Accepted Tokens", "Overall"]
@@ -407,3 +415,95 @@ def test_backends_of_one_model_are_compared_side_by_side():
     assert table["tok/s"].tolist() == ["115.0", "24.0"] and table["vanilla tok/s"].tolist() == ["122.3", "20.0"]
     assert table.Speedup.tolist() == ["0.94x (0.84-1.04)", "1.20x (1.10-1.30)"]
     assert table["#Mean Accepted Tokens"].tolist() == ["—", "1.78"] and table.tasks.tolist() == ["qa", "qa"]
+
+
+# --- the regimes: long inputs by bucket, sampling temperature ---------------------------------------------------------
+
+def test_bucket_tasks_are_ordered_by_length_not_alphabetically():
+    from bench.report.regimes import bucket_tasks
+
+    assert bucket_tasks(["qa", "long_16k", "long_2k", "overall", "long_1k", "long"]) == ["long_1k", "long_2k",
+                                                                                        "long_16k"]
+
+
+def test_long_inputs_get_speedup_and_mat_per_bucket(tmp_path):
+    """pld 2.0x, 1.5x, 1.2x, 0.8x on the 1k..7k buckets, 3, 3, 2 tokens a step; samd on the 1k and 7k buckets only,
+    5 and 1: a long-input section with a column per bucket, its CSV numbers and its plot."""
+    factors = {1101: 2.0, 1201: 1.5, 1401: 1.2, 1701: 0.8}
+    method_run(tmp_path / "pld", "pld", factors, [3, 3, 2], questions=BUCKET_QUESTIONS, task="long_inputs")
+    method_run(tmp_path / "samd", "samd", {1101: 3.0, 1701: 1.0}, [5, 1], questions=BUCKET_QUESTIONS,
+               task="long_inputs")
+    out = tmp_path / "report"
+    write_report(tmp_path, out)
+    text = (out / "leaderboard.md").read_text()
+    section = text[text.index("## Long inputs: m-cpu-bfloat16-32tok"):]
+    rows = table_rows(section)
+    assert rows[0] == ["Method", "long_1k", "long_2k", "long_4k", "long_7k"]
+    assert rows[2] == ["pld", "2.00x · 2.67", "1.50x · 2.67", "1.20x · 2.67", "0.80x · 2.67"]
+    assert rows[3] == ["samd", "3.00x · 3.00", "—", "—", "1.00x · 3.00"]
+    csv = pd.read_csv(out / "long_inputs.csv").set_index("Method")
+    assert csv.loc["pld", ["long_1k speedup", "long_7k speedup", "long_4k #MAT"]].tolist() == pytest.approx(
+        [2.0, 0.8, 8 / 3])
+    assert csv.loc["samd", "long_2k speedup"] != csv.loc["samd", "long_2k speedup"]  # NaN: not run
+    page = (out / "index.html").read_text()
+    assert "<h2>Long inputs: m-cpu-bfloat16-32tok</h2>" in page
+    assert "long_inputs-m-cpu-bfloat16-32tok.png" in re.findall(r"<img src='([^']+)'", page)
+    assert (out / "long_inputs-m-cpu-bfloat16-32tok.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_long_input_or_temperature_section_without_such_runs(report):
+    out, _ = report
+    text = (out / "leaderboard.md").read_text()
+    assert "## Long inputs" not in text and "against temperature" not in text
+    assert not (out / "long_inputs.csv").exists() and not (out / "temperature.csv").exists()
+
+
+def temperature_runs(root: Path) -> None:
+    """pld on two questions: greedy (seed 0) 3x with 4, 4 tokens a step; at T=0.7 and 1.0 seed 0 2x with 3, 3 and
+    seed 1 1x with six 1s; an older T=0.7 seed-0 run (5x) that the newer one replaces."""
+    two = [(321, "qa"), (401, "math_reasoning")]
+    method_run(root / "t0", "pld", {321: 3.0, 401: 3.0}, [4, 4], questions=two, finished="2026-03-02T00:00:00")
+    method_run(root / "old", "pld", {321: 5.0, 401: 5.0}, [9], questions=two, temperature=0.7,
+               finished="2026-03-01T00:00:00")
+    for t in (0.7, 1.0):
+        method_run(root / f"t{t}-s0", "pld", {321: 2.0, 401: 2.0}, [3, 3], questions=two, temperature=t,
+                   finished="2026-03-02T00:00:00")
+        method_run(root / f"t{t}-s1", "pld", {321: 1.0, 401: 1.0}, [1] * 6, questions=two, temperature=t, seed=1,
+                   finished="2026-03-02T00:00:00")
+
+
+def test_temperature_view_pools_questions_and_seeds(tmp_path):
+    from bench.report.regimes import temperature_sweeps, temperature_table
+
+    temperature_runs(tmp_path)
+    sweeps = temperature_sweeps(load_runs(tmp_path))
+    assert len(sweeps) == 1
+    table = temperature_table(sweeps[0]).set_index("temperature")
+    assert table.method.tolist() == ["pld"] * 3
+    assert table.n_pairs.tolist() == [2, 4, 4] and table.seeds.tolist() == [1, 2, 2]
+    # (2 + 2 + 1 + 1) / 4 over one baseline speed; #MAT (6 + 6 + 6 + 6) / (2 + 2 + 6 + 6), not the seeds' mean 2
+    assert table.speedup.tolist() == pytest.approx([3.0, 1.5, 1.5])
+    assert table.mean_accepted_tokens.tolist() == pytest.approx([4.0, 1.5, 1.5])
+    assert table.loc[0.0, ["speedup_ci_low", "speedup_ci_high", "mat_ci_low", "mat_ci_high"]].tolist() == \
+        pytest.approx([3.0, 3.0, 4.0, 4.0])
+    low, high = table.loc[0.7, ["speedup_ci_low", "speedup_ci_high"]]
+    assert 1.0 <= low < 1.5 < high <= 2.0
+    low, high = table.loc[0.7, ["mat_ci_low", "mat_ci_high"]]
+    assert 1.0 <= low < 1.5 < high <= 3.0
+
+
+def test_temperature_view_in_the_report(tmp_path):
+    temperature_runs(tmp_path / "runs")
+    out = tmp_path / "report"
+    write_report(tmp_path / "runs", out)
+    text = (out / "leaderboard.md").read_text()
+    assert text.count("decoding: sampling, temperature") == 2  # the leaderboards of each setting stay as they were
+    section = text[text.index("## Speedup and #MAT against temperature: m-cpu-bfloat16-32tok"):]
+    rows = table_rows(section)
+    assert rows[0] == ["Method", "T=0", "T=0.7", "T=1"]
+    assert rows[2][0] == "pld" and rows[2][1] == "3.00x (3.00-3.00) · 4.00 (4.00-4.00)"
+    assert rows[2][2].startswith("1.50x (") and " · 1.50 (" in rows[2][2]
+    csv = pd.read_csv(out / "temperature.csv")
+    assert csv.temperature.tolist() == [0.0, 0.7, 1.0] and csv.speedup.tolist() == pytest.approx([3.0, 1.5, 1.5])
+    assert set(csv.model) == {"m"} and "temperature-m-cpu-bfloat16-32tok.png" in (out / "index.html").read_text()
+    assert (out / "temperature-m-cpu-bfloat16-32tok.png").read_bytes()[:4] == b"\x89PNG"

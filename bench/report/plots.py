@@ -20,7 +20,7 @@ from bench.report.tables import (
 )
 
 PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
-                 "forward_time", "batch_sweep"]
+                 "forward_time", "batch_sweep", "long_inputs", "temperature"]
 
 
 def _pyplot():
@@ -193,3 +193,48 @@ def plot_predicted_vs_measured(board: pd.DataFrame, path: Path, title: str) -> N
     _title(ax, title)
     ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def _regime_panels(lines: dict[str, pd.DataFrame], x_label: str, path: Path, title: str, ticks=None) -> None:
+    """Two panels against one x (bucket or temperature), a line per method: speedup with its 95% interval and the
+    vanilla 1.0 line, and #MAT with its interval where it has one. `lines`: method -> frame of x, speedup, low,
+    high, mat, mat_low, mat_high (NaN where unknown)."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method, rows in lines.items():
+        for ax, (value, low, high) in ((left, ("speedup", "low", "high")), (right, ("mat", "mat_low", "mat_high"))):
+            errors = None if rows[low].isna().all() else [(rows[value] - rows[low]).fillna(0),
+                                                          (rows[high] - rows[value]).fillna(0)]
+            ax.errorbar(rows.x, rows[value], yerr=errors, marker="o", capsize=3, label=method)
+    left.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vanilla (1.0x)")
+    left.set_ylabel("speedup over vanilla (95% interval)")
+    right.set_ylabel("mean accepted tokens per target forward (#MAT)")
+    for ax in (left, right):
+        ax.set_xlabel(x_label)
+        if ticks is not None:
+            ax.set_xticks(*ticks)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9, wrap=True)
+    _save(fig, path)
+
+
+def plot_buckets(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Speedup and #MAT per input-length bucket (bench.report.regimes.bucket_table), a line per method."""
+    buckets = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    parts = {"speedup": "speedup", "low": "low", "high": "high", "mat": "#MAT"}
+    lines = {row["Method"]: pd.DataFrame({"x": range(len(buckets)), "mat_low": math.nan, "mat_high": math.nan,
+                                          **{key: [row[f"{b} {part}"] for b in buckets]
+                                             for key, part in parts.items()}})
+             for row in table.to_dict("records")}
+    _regime_panels(lines, "input-length bucket (prompt tokens at most)", path, title,
+                   ticks=(range(len(buckets)), buckets))
+
+
+def plot_temperature(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Speedup and #MAT against gen.temperature (bench.report.regimes.temperature_table), a line per method."""
+    columns = {"temperature": "x", "speedup": "speedup", "speedup_ci_low": "low", "speedup_ci_high": "high",
+               "mean_accepted_tokens": "mat", "mat_ci_low": "mat_low", "mat_ci_high": "mat_high"}
+    lines = {method: rows.sort_values("temperature")[list(columns)].rename(columns=columns)
+             for method, rows in table.groupby("method", sort=False)}
+    _regime_panels(lines, "gen.temperature (0 = greedy)", path, title)

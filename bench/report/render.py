@@ -20,10 +20,20 @@ from bench.report.plots import (
     plot_accept_histogram,
     plot_batch_sweep,
     plot_batch_sweeps,
+    plot_buckets,
     plot_forward_time,
     plot_predicted_vs_measured,
     plot_speedup_by_task,
     plot_speedup_vs_mat,
+    plot_temperature,
+)
+from bench.report.regimes import (
+    bucket_table,
+    bucket_tasks,
+    bucket_text,
+    temperature_sweeps,
+    temperature_table,
+    temperature_text,
 )
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
 from bench.report.tables import (
@@ -147,6 +157,10 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         md += [f"## {title}", "", BACKEND_NOTES, "", markdown(table), ""]
         page.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(BACKEND_NOTES)}</p>" + _html_table(table))
 
+    regime_md, regime_html = regime_sections(out, board, runs)
+    md += regime_md
+    page += regime_html
+
     (out / "leaderboard.md").write_text("\n".join(md))
     (out / "acceptance.md").write_text("\n".join(acc_md))
     pd.concat(acceptance_rows, ignore_index=True).to_csv(out / "acceptance.csv", index=False)
@@ -228,6 +242,59 @@ def sweeps_across_section(out: Path, sweeps: list[pd.DataFrame]) -> tuple[list[s
     md = [f"## Batch and concurrency sweeps across backends: {title}", "", f"![sweeps across backends]({name})", ""]
     page = (f"<h2>Batch and concurrency sweeps across backends: {html.escape(title)}</h2>"
             f"<figure><img src='{html.escape(name)}' alt='sweeps across backends'></figure>")
+    return md, page
+
+
+LONG_INPUT_NOTES = (
+    "The long-input task (conf/task/long_inputs.yaml): a column per input-length bucket (its prompts have at most "
+    "that many tokens), `speedup (95% interval) · #MAT`; the numbers of the bucket's column in the leaderboard above, "
+    "and its #MAT, which the leaderboard gives only overall."
+)
+
+
+TEMPERATURE_NOTES = (
+    "Speedup and #MAT against gen.temperature: a column per temperature, `speedup (95% interval) · #MAT (95% "
+    "interval)`, all tasks together; every run's questions at every seed (the latest run per seed), each interval a "
+    "paired bootstrap over the (question, seed) pairs. Under sampling #MAT varies from seed to seed, so it gets an "
+    "interval too. Settings otherwise equal (model, device, dtype, max_new_tokens, batch size) form one view."
+)
+
+
+def regime_sections(out: Path, board: pd.DataFrame, runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The long-input view of every setting that ran the long-input task and the temperature view of every
+    temperature sweep (bench/report/regimes.py): their Markdown lines and HTML sections, their plots and CSV files
+    (long_inputs.csv, temperature.csv) written to `out`."""
+    md, page, bucket_rows, temperature_rows = [], [], [], []
+    for _, group in board.groupby("setting", sort=False):
+        if not bucket_tasks(group.task):
+            continue
+        table, name = bucket_table(group), slug(group, set())
+        title = f"Long inputs: {name}"
+        plot_buckets(table, out / f"long_inputs-{name}.png", title)
+        section_md, section_html = regime_section(title, LONG_INPUT_NOTES, bucket_text(table),
+                                                  f"long_inputs-{name}.png")
+        md, page = md + section_md, page + [section_html]
+        bucket_rows.append(table.assign(**group.iloc[0][SETTING_COLUMNS].to_dict()))
+    for sweep in temperature_sweeps(runs):
+        table, name = temperature_table(sweep), slug(sweep.assign(temperature=0.0), set())
+        title = f"Speedup and #MAT against temperature: {name}"
+        plot_temperature(table, out / f"temperature-{name}.png", title)
+        section_md, section_html = regime_section(title, TEMPERATURE_NOTES, temperature_text(table),
+                                                  f"temperature-{name}.png")
+        md, page = md + section_md, page + [section_html]
+        others = [c for c in SETTING_COLUMNS if c != "temperature"]
+        temperature_rows.append(table.assign(**sweep.iloc[0][others].to_dict()))
+    for rows, file in ((bucket_rows, "long_inputs.csv"), (temperature_rows, "temperature.csv")):
+        if rows:
+            pd.concat(rows, ignore_index=True).to_csv(out / file, index=False)
+    return md, page
+
+
+def regime_section(title: str, notes: str, shown: pd.DataFrame, figure: str) -> tuple[list[str], str]:
+    """A view's Markdown lines and HTML: title, notes, table, figure."""
+    md = [f"## {title}", "", notes, "", markdown(shown), "", f"![{title}]({figure})", ""]
+    page = (f"<h2>{html.escape(title)}</h2><p>{html.escape(notes)}</p>" + _html_table(shown)
+            + _html_figures({title: figure}))
     return md, page
 
 

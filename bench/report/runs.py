@@ -77,6 +77,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             "git_commit": meta.get("git_commit"),
             "host": meta.get("host"),
             "limit": config.get("task", {}).get("limit"),
+            "seed": config.get("seed"),
             "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
             "method": method,
             "is_baseline": is_baseline,
@@ -87,19 +88,20 @@ def load_runs(root: Path) -> pd.DataFrame:
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING_COLUMNS, "torch", "transformers", "git_commit", "host",
-               "limit", "starvation_threshold", "method", "is_baseline", "method_config", "profile", "task",
+               "limit", "seed", "starvation_threshold", "method", "is_baseline", "method_config", "profile", "task",
                "question_id", "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 
-def select_latest(runs: pd.DataFrame) -> pd.DataFrame:
+def select_latest(runs: pd.DataFrame, apart: tuple[str, ...] = ()) -> pd.DataFrame:
     """Per setting, method variant and task, only the records of the most recent run that has that task
-    (so task=qa then task=rag runs combine, and a newer per-task run replaces that task of an older task=all run)."""
+    (so task=qa then task=rag runs combine, and a newer per-task run replaces that task of an older task=all run).
+    `apart`: more columns whose values are kept apart, each value its own latest run (("seed",): one per seed)."""
     if runs.empty:
         return runs
-    keys = ["setting", "method_config", "task"]
+    keys = ["setting", "method_config", "task", *apart]
     order = runs[keys + ["finished", "run_dir"]].drop_duplicates().sort_values(["finished", "run_dir"])
-    latest = order.groupby(keys).tail(1)[keys + ["run_dir"]]
+    latest = order.groupby(keys, dropna=False).tail(1)[keys + ["run_dir"]]
     return runs.merge(latest, on=keys + ["run_dir"], how="inner")
 
 

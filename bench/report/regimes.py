@@ -1,0 +1,118 @@
+"""The report's views of two regimes beside the greedy short-prompt leaderboard: speedup and #MAT per input-length
+bucket (the long-input task, conf/task/long_inputs.yaml) and against the sampling temperature (runs at several
+gen.temperature values and seeds)."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from bench.measure.metrics import mean_accepted_tokens, speedup_interval, speedup_text, tokens_per_second
+from bench.report.runs import SETTING_COLUMNS, method_labels, select_latest
+from bench.report.tables import VANILLA
+
+BUCKET_TASK = re.compile(r"long_(\d+)k")  # the long-input task's categories: long_1k, long_2k, long_4k, long_7k
+BUCKET_NUMBERS = ("speedup", "low", "high", "#MAT")  # bucket_table's columns per bucket: `<bucket> <number>`
+
+
+def bucket_tasks(tasks) -> list[str]:
+    """The input-length buckets among `tasks`, shortest first (long_2k before long_16k)."""
+    return sorted({t for t in tasks if BUCKET_TASK.fullmatch(t)}, key=lambda t: int(BUCKET_TASK.fullmatch(t)[1]))
+
+
+def bucket_table(board: pd.DataFrame) -> pd.DataFrame:
+    """One setting's long-input view: a row per drafting method, per bucket (in length order) its speedup, the
+    speedup's 95% interval and #MAT (BUCKET_NUMBERS); no bucket columns where the board has no bucket."""
+    buckets = bucket_tasks(board.task)
+    drafted = board[(board.method != VANILLA) & board.task.isin(buckets)]
+    rows = []
+    for method, group in drafted.groupby("method", sort=False):
+        by_task = group.set_index("task")
+        row = {"Method": method}
+        for bucket in buckets:
+            hit = by_task.loc[bucket] if bucket in by_task.index else None
+            values = (math.nan,) * 4 if hit is None else (hit.speedup, hit.speedup_ci_low, hit.speedup_ci_high,
+                                                          hit.mean_accepted_tokens)
+            row.update(zip((f"{bucket} {number}" for number in BUCKET_NUMBERS), values))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["Method", *(f"{b} {number}" for b in buckets for number in BUCKET_NUMBERS)])
+
+
+def bucket_text(table: pd.DataFrame) -> pd.DataFrame:
+    """bucket_table as displayed: a column per bucket, `1.35x (1.21-1.49) · 2.10` (speedup, its interval, #MAT)."""
+    buckets = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    shown = pd.DataFrame({"Method": table.Method})
+    for bucket in buckets:
+        shown[bucket] = [speedup_text(s, lo, hi) + ("" if pd.isna(mat) else f" · {mat:.2f}") for s, lo, hi, mat in
+                         zip(*(table[f"{bucket} {number}"] for number in BUCKET_NUMBERS))]
+    return shown
+
+
+def temperature_sweeps(runs: pd.DataFrame) -> list[pd.DataFrame]:
+    """The runs of each group of settings that differ only in gen.temperature, where a group has two or more
+    temperatures: the latest run per setting, method variant, task and seed (seeds are kept apart)."""
+    latest = select_latest(runs, apart=("seed",))
+    if latest.empty:
+        return []
+    others = [c for c in SETTING_COLUMNS if c != "temperature"]
+    groups = latest.groupby(others, sort=False, dropna=False)
+    return [group for _, group in groups if group.temperature.nunique() > 1]
+
+
+def temperature_table(sweep: pd.DataFrame) -> pd.DataFrame:
+    """A row per method x temperature of one sweep (temperature_sweeps): questions, seeds, speedup over vanilla and
+    #MAT with their 95% intervals, each a paired bootstrap over the (question, seed) pairs, all tasks together."""
+    labels = method_labels(sweep)
+    vanilla = {(r.setting, r.seed, r.question_id): r.record for r in sweep[sweep.is_baseline].itertuples()}
+    pairs: dict[tuple[str, float], list[tuple[dict, dict | None]]] = {}
+    seeds: dict[tuple[str, float], set] = {}
+    for r in sweep[~sweep.is_baseline].itertuples():
+        key = (labels[r.setting, r.method_config], float(r.temperature))
+        baseline = r.baseline if r.baseline is not None else vanilla.get((r.setting, r.seed, r.question_id))
+        pairs.setdefault(key, []).append((r.record, baseline))
+        seeds.setdefault(key, set()).add(r.seed)
+    rows = [{"method": method, "temperature": temperature, **sampled_numbers(chosen),
+             "seeds": len(seeds[method, temperature])} for (method, temperature), chosen in pairs.items()]
+    columns = ["method", "temperature", "n_pairs", "seeds", "speedup", "speedup_ci_low", "speedup_ci_high",
+               "mean_accepted_tokens", "mat_ci_low", "mat_ci_high"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["method", "temperature"], kind="stable",
+                                                          ignore_index=True)
+
+
+def sampled_numbers(pairs: list[tuple[dict, dict | None]]) -> dict:
+    """Speedup and #MAT of (record, baseline record) pairs, each with the 95% interval of a bootstrap over the
+    pairs: speedup = mean tokens/s / mean baseline tokens/s over the pairs with a baseline; #MAT = decoded tokens /
+    decode steps, a ratio of means too (mean_accepted_tokens)."""
+    paired = [(tokens_per_second(r), tokens_per_second(b)) for r, b in pairs if b is not None]
+    speeds = np.array(paired, dtype=float).reshape(-1, 2)  # [pairs with a baseline, 2]
+    choices = [r["choices"][0] for r, _ in pairs]
+    decoded = np.array([sum(n - 1 for n in c["new_tokens"] if n) for c in choices], dtype=float)  # [pairs]
+    steps = np.array([sum(s or 0 for s in c["decoding_steps"]) for c in choices], dtype=float)  # [pairs]
+    speedup = speeds[:, 0].mean() / speeds[:, 1].mean() if len(speeds) else math.nan
+    mat = mean_accepted_tokens([r for r, _ in pairs])
+    mat_interval = speedup_interval(decoded, steps) if not math.isnan(mat) else (math.nan, math.nan)
+    return {"n_pairs": len(pairs), "speedup": speedup, **dict(zip(("speedup_ci_low", "speedup_ci_high"),
+                                                                  speedup_interval(speeds[:, 0], speeds[:, 1]))),
+            "mean_accepted_tokens": mat, "mat_ci_low": mat_interval[0], "mat_ci_high": mat_interval[1]}
+
+
+def temperature_text(table: pd.DataFrame) -> pd.DataFrame:
+    """temperature_table as displayed: a row per method, a column per temperature, `1.35x (1.21-1.49) · 2.10
+    (2.02-2.19)` (speedup and #MAT, each with its interval); the (question, seed) pairs per column in its heading."""
+    temperatures = sorted(table.temperature.unique())
+    shown = []
+    for method, group in table.groupby("method", sort=False):
+        by_t = group.set_index("temperature")
+        row = {"Method": method}
+        for t in temperatures:
+            if t not in by_t.index:
+                row[f"T={t:g}"] = "—"
+                continue
+            r = by_t.loc[t]
+            mat = "—" if pd.isna(r.mean_accepted_tokens) else f"{r.mean_accepted_tokens:.2f}" + (
+                "" if pd.isna(r.mat_ci_low) else f" ({r.mat_ci_low:.2f}-{r.mat_ci_high:.2f})")
+            row[f"T={t:g}"] = f"{speedup_text(r.speedup, r.speedup_ci_low, r.speedup_ci_high)} · {mat}"
+        shown.append(row)
+    return pd.DataFrame(shown)
