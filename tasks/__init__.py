@@ -46,6 +46,8 @@ def load_questions(cfg: DictConfig) -> list[dict]:
     source = OmegaConf.to_container(cfg.source, resolve=True)
     if source.get("data_files") is None and source.get("path") == "json":
         source["data_files"] = str(QUESTIONS_FILE)
+    elif isinstance(source.get("data_files"), str):
+        source["data_files"] = in_repository(source["data_files"])
     if source.get("path") == "json":
         for path in local_files(source["data_files"]):
             check_question_file(path, source.get("field"))
@@ -93,6 +95,15 @@ def question_problem(row) -> str | None:
             or not all(isinstance(t, str) for t in turns):
         return f"turns must be a non-empty list of strings, not {_clip(turns)}"
     return None
+
+
+def in_repository(data_file: str) -> str:
+    """A relative path that names no file here but one of the repository's (conf/task/ names tasks/data/<file>
+    so): that file's absolute path, so a task runs from any directory; other paths as they are."""
+    packaged = Path(__file__).parent.parent / data_file
+    if Path(data_file).is_absolute() or "://" in data_file or glob.glob(data_file) or not packaged.is_file():
+        return data_file
+    return str(packaged)
 
 
 def local_files(data_files) -> list[Path]:

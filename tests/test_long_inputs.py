@@ -36,6 +36,13 @@ def test_the_task_takes_five_prompts_per_bucket_and_limit_takes_the_first_of_eac
     assert all(len(q["turns"]) == 1 for q in questions)
 
 
+def test_the_repository_s_task_files_are_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = load_questions(compose_config("task=long_inputs", "task.limit=1").task)
+    assert [q["question_id"] for q in first] == [1101, 1201, 1401, 1701]
+    assert len(load_questions(compose_config("task=repeated_agentic").task)) == 40
+
+
 def test_every_prompt_lies_in_its_bucket_and_leaves_room_for_the_answer():
     check_question_file(LONG_INPUTS_FILE)  # raises at a bad line
     questions = committed_questions()
