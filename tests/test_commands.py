@@ -21,6 +21,7 @@ COMMANDS = {
     "bench.migrate_answers": "python -m bench.migrate_answers",
     "bench.report.__main__": "python -m bench.report",
     "tasks.build_long_inputs": "python -m tasks.build_long_inputs",
+    "methods.mlp_speculator.to_vllm": "python -m methods.mlp_speculator.to_vllm",
 }
 SOURCE_FOLDERS = ("bench", "methods", "tasks")
 
