@@ -100,7 +100,7 @@ def test_validate_returns_the_typed_settings():
 
 def test_the_settings_carry_the_tie_judge_the_starvation_threshold_and_the_bootstrap():
     settings = validate(compose_config("model=smollm2_135m_bf16", "starvation_threshold=0.5", "bootstrap.samples=7"))
-    assert (settings.model.tie_margin, settings.model.tie_check_dtype) == (0.3, "float32")
+    assert (settings.model.tie_margin, settings.model.tie_check_dtype) == (0.4, "float32")
     assert (settings.starvation_threshold, settings.bootstrap) == (0.5, Bootstrap(samples=7, seed=0))
     default = validate(compose_config()).model
     assert (default.tie_margin, default.tie_check_dtype) == (0.001, None)
