@@ -48,9 +48,11 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
               model: str = "m", dtype: str = "bfloat16", device: str = "cpu", device_name: str = "Test CPU",
               max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
               finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
-              torch_version: str = "2.13.0", batch_size: int = 1, sizing: dict | None = None, seed: int = 0) -> Path:
+              torch_version: str = "2.13.0", batch_size: int = 1, sizing: dict | None = None, seed: int = 0,
+              weights: dict | None = None) -> Path:
     """A run folder as bench/measure/run.py writes it; `sizing`: the method config's sizing keys, {"sizing": "auto"}
-    or an older run's {"budget": "auto"} or {"batch_policy": "adaptive"}."""
+    or an older run's {"budget": "auto"} or {"batch_policy": "adaptive"}; `weights`: the model config's keys naming
+    its weights ({"package": ..., "gguf_file": ...} or {"path": ...})."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
     if baselines is not None:
@@ -62,7 +64,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
     meta = {
         "config": {"method": {"name": method, "drafter": drafter,
                               **(sizing or {})},
-                   "model": {"name": model, "dtype": dtype}, "task": {"name": task, "limit": 1},
+                   "model": {"name": model, "dtype": dtype, **(weights or {})}, "task": {"name": task, "limit": 1},
                    "gen": {"max_new_tokens": max_new_tokens, "temperature": temperature, "batch_size": batch_size},
                    "seed": seed},
         "git_commit": "abc", "torch": torch_version, "transformers": "5.24.0", "device": device,

