@@ -17,7 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench.artifacts import PROJECT_ROOT
-from bench.errors import MissingArtifactError
+from bench.errors import ConfigError, MissingArtifactError
 from bench.measure.metrics import summarize
 from bench.measure.run import run
 from bench.measure.serving.acceptance import parse_counters
@@ -306,6 +306,16 @@ def test_a_launched_server_is_stopped_after_an_error(compose):
     with pytest.raises(MissingArtifactError, match="server.baseline_url"):
         run(compose(*launch_args(port, missing), "task=qa", "task.limit=1"))
     assert refuses(f"http://127.0.0.1:{port}")
+
+
+def test_a_launch_onto_a_port_already_answering_is_refused(compose, tokenizer, tmp_path):
+    """Another run's server on the port: the launched one cannot bind it, and the run must not measure the other."""
+    with ExitStack() as stack:
+        busy = serve(stack, tokenizer)
+        port = int(busy.rsplit(":", 1)[1])
+        with pytest.raises(ConfigError, match=f"something already answers at {busy}, where server.launch"):
+            run(compose(*launch_args(port, busy), "task=qa", "task.limit=1"))
+    assert not (tmp_path / "run" / "server.log").exists()  # nothing was launched
 
 
 def test_a_missing_server_names_its_url_and_setting(compose):

@@ -88,7 +88,8 @@ class LaunchedServer:
     group, in the project root, with environment `env` (default: this process's), stdout and stderr to `log`),
     waits until GET url+health_path answers 200 (MissingArtifactError after `deadline` seconds or when the process
     exits first, naming the log) and stops the group on leaving, also after an exception or Ctrl-C: SIGTERM, then
-    SIGKILL after STOP_GRACE_SECONDS."""
+    SIGKILL after STOP_GRACE_SECONDS. Refuses to start when something already answers at url: the launched server
+    could not bind its port, and the run would measure whatever holds it."""
 
     def __init__(self, command: str, url: str, health_path: str, log: Path, deadline: float,
                  env: dict[str, str] | None = None):
@@ -97,6 +98,10 @@ class LaunchedServer:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "LaunchedServer":
+        if answers(self.url + self.health_path):
+            raise ConfigError(f"something already answers at {self.url}, where server.launch would start its "
+                              f"server: stop it (another run's server?), or give this run other ports (the URL "
+                              f"and the launch command's --port), or measure it as it is (server.launch=null)")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             log.write(f"$ {self.command}\n".encode())
@@ -121,11 +126,8 @@ class LaunchedServer:
             if self.process.poll() is not None:
                 raise MissingArtifactError(f"server command exited with status {self.process.returncode} before "
                                            f"{self.url} was ready (server.launch); its output: {self.log}")
-            try:
-                get_text(self.url + self.health_path, timeout=2.0)
+            if answers(self.url + self.health_path):  # not yet: 503 while loading, or not listening
                 return
-            except (urllib.error.URLError, OSError):
-                pass  # 503 while loading, or not listening yet
             if time.monotonic() > give_up:
                 raise MissingArtifactError(f"server at {self.url} not ready after {self.deadline:.0f} s "
                                            f"(server.ready_timeout_s; health: {self.health_path}); its output: "
@@ -151,6 +153,15 @@ class LaunchedServer:
             if wait_group_gone(process.pid, give_up):
                 return
         process.wait()
+
+
+def answers(url: str) -> bool:
+    """Whether GET url answers 200 within 2 s."""
+    try:
+        get_text(url, timeout=2.0)
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def wait_group_gone(group: int, give_up: float) -> bool:
