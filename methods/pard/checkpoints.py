@@ -1,13 +1,13 @@
 """PARD's checkpoint fields: a PARD draft (amd/PARD-* on the hub, or one trained here) is a standard Hugging Face
 causal LM folder whose config.json adds the mask token's id as `pard_token` (upstream's `pard_train.py` writes it
-with `spd_type: "pard"`; vLLM's parallel drafting also reads `ptd_token_id`); the draft itself loads as SpS's does
-(methods/sps/draft.py, strictly)."""
+with `spd_type: "pard"`); read as vLLM 0.32's parallel drafting reads it (`mask_token_id`, else `pard_token`, else
+`ptd_token_id`). The draft itself loads as SpS's does (methods/sps/draft.py, strictly)."""
 from __future__ import annotations
 
 from bench.errors import InvalidArtifactError
 
 PARD_TYPE = "pard"
-MASK_TOKEN_KEYS = ("pard_token", "ptd_token_id")  # the keys vLLM's parallel drafting reads, in its order
+MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # vLLM's order (llm_base_proposer.py)
 
 
 def mark_parallel(config, mask_token_id: int) -> None:
