@@ -35,8 +35,7 @@ class ParallelDraftDrafter(DraftModelDrafter):
 
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
-        self._base = len(context)
-        n = min(self.num_draft_tokens, max_tokens - 1)  # a step adds accepted drafts + 1 bonus token
+        n = self.chain_length(context, max_tokens)
         if n <= 0:
             return None
         known = self.cache.get_seq_length()
