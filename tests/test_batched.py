@@ -24,6 +24,7 @@ from methods.hydra.drafter import HydraDrafter
 from methods.lookahead import LookaheadDrafter
 from methods.medusa.drafter import MedusaDrafter
 from methods.mlp_speculator.drafter import MLPSpeculatorDrafter
+from methods.pard.drafter import tiny_drafter as pard_tiny_drafter
 from methods.pld import PromptLookupDrafter
 from methods.rest import RestDrafter
 from methods.rest_datastore import write_datastore
@@ -91,6 +92,7 @@ def method_drafters(model, tmp_path, prompts):
         "medusa": lambda: MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=medusa_heads(64)),
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
         "mlp_speculator": lambda: MLPSpeculatorDrafter(model, heads=random_stages()),
+        "pard": lambda: pard_tiny_drafter(model, SamplingConfig(), {"num_draft_tokens": 4}, tmp_path),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
@@ -152,7 +154,7 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd", "suffix", "mlp_speculator"])
+                                    "recycling", "samd", "suffix", "mlp_speculator", "pard"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -271,7 +273,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd", "suffix", "mlp_speculator"]:
+                   "samd", "suffix", "mlp_speculator", "pard"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

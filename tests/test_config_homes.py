@@ -37,7 +37,7 @@ def train_config(method: str, model: str = "smollm2_135m"):
 
 def test_every_method_with_per_model_settings_has_a_home_for_smollm2():
     assert [m for m, model in OWN_SETTINGS if model == "smollm2_135m"] == [
-        "eagle", "eagle2", "eagle3", "hydra", "medusa", "mlp_speculator", "samd", "sps"]
+        "eagle", "eagle2", "eagle3", "hydra", "medusa", "mlp_speculator", "pard", "samd", "sps"]
 
 
 @pytest.mark.parametrize("method, model", OWN_SETTINGS)
@@ -128,3 +128,9 @@ def test_every_head_trainer_writes_the_checkpoint_its_drafter_reads(method, arti
 def test_the_sps_trainer_writes_the_draft_its_drafter_reads():
     """methods/sps/train.py writes to method.drafter.draft_path."""
     assert train_config("sps").method.drafter.draft_path == "artifacts/sps/smollm2_135m"
+
+
+def test_the_pard_trainer_writes_the_draft_its_drafter_reads():
+    cfg = train_config("pard")
+    assert cfg.train.out_dir == cfg.method.drafter.draft_path == "artifacts/pard/smollm2_135m"
+    assert cfg.train.init_draft == drafter("sps", "smollm2_135m")["draft_path"]

@@ -52,10 +52,15 @@ class DraftModelDrafter(Drafter):
         self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal
         self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
 
+    def chain_length(self, context: list[int], max_tokens: int) -> int:
+        """How many tokens this step drafts (a step adds accepted drafts + 1 bonus token); notes the context's
+        length, the cache update() keeps before the accepted drafts."""
+        self._base = len(context)
+        return min(self.num_draft_tokens, max_tokens - 1)
+
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
-        self._base = len(context)
-        n = min(self.num_draft_tokens, max_tokens - 1)  # a step adds accepted drafts + 1 bonus token
+        n = self.chain_length(context, max_tokens)
         if n <= 0:
             return None
         # the root, plus the last chain's final draft if all were kept
