@@ -90,7 +90,9 @@ class DFlashDrafter(nn.Module):
     """fc + hidden_norm over the target's concatenated layers, `num_hidden_layers` DFlashLayers, final norm. The
     embedding and LM head are the target's (not part of the module)."""
 
-    def __init__(self, config: Qwen3Config, target_layer_ids: list[int], block_size: int, mask_token_id: int):
+    def __init__(self, config: Qwen3Config, target_layer_ids: list[int], block_size: int, mask_token_id: int,
+                 input_embedding_scale: float = 1.0, output_multiplier: float = 1.0,
+                 final_logit_softcapping: float | None = None):
         super().__init__()
         self.config = config
         hidden = config.hidden_size
@@ -102,6 +104,10 @@ class DFlashDrafter(nn.Module):
         self.target_layer_ids = list(target_layer_ids)
         self.block_size = block_size
         self.mask_token_id = mask_token_id
+        # the dflash package's optional config fields (1, 1, none by default): the block's embedding scaled, the
+        # logits multiplied, then soft-capped (tanh(l / cap) x cap)
+        self.input_embedding_scale, self.output_multiplier = input_embedding_scale, output_multiplier
+        self.final_logit_softcapping = final_logit_softcapping
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -114,6 +120,12 @@ class DFlashDrafter(nn.Module):
         context = self.hidden_norm(self.fc(features))
         cos, sin = self.rotary_emb(context, positions)
         return [layer.self_attn.context_kv(context, cos, sin) for layer in self.layers]
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits as the checkpoint's config wants them (output_multiplier, final_logit_softcapping)."""
+        logits = logits * self.output_multiplier if self.output_multiplier != 1.0 else logits
+        cap = self.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def forward(self, block: torch.Tensor, positions: torch.Tensor, past: list[tuple[torch.Tensor, ...]],
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
