@@ -101,14 +101,15 @@ def _checked(folder: Path, config: dict, target) -> dict:
     layers = target.config.num_hidden_layers
     if (config["hidden_size"], config["vocab_size"]) != (hidden_size, vocab_size):
         raise InvalidArtifactError(f"{folder} drafts for a target of hidden size {config['hidden_size']} and "
-                                   f"vocabulary {config['vocab_size']}, this target has {hidden_size} and {vocab_size}; "
-                                   f"use the drafter published for this target")
+                                   f"vocabulary {config['vocab_size']}, this target has {hidden_size} and "
+                                   f"{vocab_size}; use the drafter published for this target")
     if config.get("num_target_layers", layers) != layers:
         raise InvalidArtifactError(f"{folder} drafts for a target of {config['num_target_layers']} layers, this one "
                                    f"has {layers}; use the drafter published for this target")
     layer_ids = dflash_field(config, "target_layer_ids") or []
     if any(not 0 <= layer < layers for layer in layer_ids):
-        raise InvalidArtifactError(f"{folder}: target_layer_ids {layer_ids} outside this target's layers 0..{layers - 1}")
+        raise InvalidArtifactError(f"{folder}: target_layer_ids {layer_ids} outside this target's layers "
+                                   f"0..{layers - 1}")
     if not 0 <= int(dflash_field(config, "mask_token_id")) < vocab_size:
         raise InvalidArtifactError(f"{folder}: mask_token_id {dflash_field(config, 'mask_token_id')} outside the "
                                    f"target's vocabulary of {vocab_size}")

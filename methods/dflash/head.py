@@ -7,7 +7,8 @@ Equations (arXiv 2602.06036, section 3; one denoising step, as upstream drafts):
   mask tokens), at positions p, p+1, ..., p+block_size-1 after the context;
 - each drafter layer i: u = input_layernorm(x); q = q_norm(W_q u); k = k_norm(W_k [c; u]); v = W_v [c; u] (the same
   context c projected by every layer); rotary positions on q and k; attention of the block rows over the context and
-  the whole block (bidirectional within the block, no causal mask); x += W_o attn; x += mlp(post_attention_layernorm(x));
+  the whole block (bidirectional within the block, no causal mask); x += W_o attn;
+  x += mlp(post_attention_layernorm(x));
 - out = norm(x); the target's LM head turns rows 1..block_size-1 into the drafts of the next block_size-1 tokens.
 """
 from __future__ import annotations

@@ -34,8 +34,8 @@ def block_attention_mask(anchors: torch.Tensor, real: torch.Tensor, context: int
     return torch.cat([sees_context, same_block], dim=-1)[:, None]
 
 
-def dflash_loss(drafter: DFlashDrafter, vocab: DraftVocabulary, embedding: nn.Embedding, batch, anchors_per_sequence: int,
-                decay_gamma: float, generator: torch.Generator | None = None):
+def dflash_loss(drafter: DFlashDrafter, vocab: DraftVocabulary, embedding: nn.Embedding, batch,
+                anchors_per_sequence: int, decay_gamma: float, generator: torch.Generator | None = None):
     """The paper's loss: weighted mean over the drafted block positions k = 1 .. block-1 of exp(-(k-1)/gamma) x
     cross-entropy against the target's own next token (its argmax, `labels`), on answer positions. The block at
     anchor a holds [ids[a], mask, ...] at positions a .. a+block-1 and sees the target's features of positions < a.
