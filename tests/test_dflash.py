@@ -19,6 +19,7 @@ from methods.dflash.head import upstream_target_layer_ids
 from methods.dflash.train import block_attention_mask, sample_anchors
 from tests.conftest import VOCAB
 from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.test_checkpoints import assert_one_line_refusal
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 48  # the tiny target's widths; the drafter's own MLP width
@@ -185,13 +186,6 @@ def test_context_fed_step_by_step_equals_the_whole_context(tiny_model, tmp_path)
     torch.testing.assert_close(stepwise.context[1][0], whole.context[1][0])
 
 
-def assert_one_line_refusal(error, *fragments: str) -> None:
-    message = str(error.value)
-    assert "\n" not in message, message
-    for fragment in fragments:
-        assert fragment in message, message
-
-
 @pytest.mark.parametrize("config, fragments", [
     ({"hidden_size": HIDDEN * 2}, [f"hidden size {HIDDEN * 2}", f"this target has {HIDDEN} and {VOCAB}"]),
     ({"vocab_size": VOCAB + 1}, [f"vocabulary {VOCAB + 1}, this target has"]),
@@ -202,19 +196,22 @@ def assert_one_line_refusal(error, *fragments: str) -> None:
     ({"use_sliding_window": True}, ["sliding-window drafter layers"]),
 ])
 def test_published_config_that_does_not_fit_is_refused_in_one_line(tiny_model, tmp_path, config, fragments):
-    write_published(tmp_path / "zlab", **config)
+    assert_one_line_refusal(refusal(tiny_model, tmp_path / "zlab", **config), *fragments)
+
+
+def refusal(target, folder, **written):
+    """The loader's error on a published folder written with `written` (write_published's arguments)."""
+    write_published(folder, **written)
     with pytest.raises(InvalidArtifactError) as error:
-        load_dflash(tmp_path / "zlab", tiny_model)
-    assert_one_line_refusal(error, *fragments)
+        load_dflash(folder, target)
+    return error
 
 
 def test_published_weights_with_a_missing_or_unexpected_key_are_refused(tiny_model, tmp_path):
     tensors = published_tensors(2, 0)
     del tensors["layers.1.self_attn.k_norm.weight"]
     tensors["layers.2.mlp.up_proj.weight"] = torch.zeros(INTER, HIDDEN)
-    write_published(tmp_path / "zlab", tensors=tensors)
-    with pytest.raises(InvalidArtifactError) as error:
-        load_dflash(tmp_path / "zlab", tiny_model)
+    error = refusal(tiny_model, tmp_path / "zlab", tensors=tensors)
     assert_one_line_refusal(error, "model.safetensors does not fit", "1 key missing (layers.1.self_attn.k_norm.weight)",
                             "1 key unexpected (layers.2.mlp.up_proj.weight)")
 
@@ -280,23 +277,26 @@ def test_train_dflash_writes_a_loadable_published_layout_checkpoint(tiny_checkpo
     assert_lossless(target, drafter, [5, 6, 7, 8, 9, 10], 20)
 
 
+def qa_answers(compose, tmp_path, *overrides: str) -> list[dict]:
+    """The answers of `python -m bench task=qa task.limit=2 <overrides>` on the tiny checkpoint."""
+    from bench.measure.run import run
+    from bench.records import read_jsonl
+
+    run(compose("task=qa", "task.limit=2", *overrides))
+    return read_jsonl(tmp_path / "run" / "answers.jsonl")
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_runs_with_a_published_checkpoint_and_sizing_auto_are_lossless(compose, tiny_checkpoint, tmp_path,
                                                                       batch_size, one_thread):
     """`python -m bench method=dflash method.sizing=auto` on a z-lab-layout checkpoint for the tiny target, at batch 1
     and batched: every answer equals vanilla's."""
-    from bench.measure.run import run
-    from bench.records import read_jsonl
-
     config = AutoConfig.from_pretrained(tiny_checkpoint)
     assert (config.hidden_size, config.num_hidden_layers) == (HIDDEN, 2)
-    tensors = published_tensors(2, 0)
-    write_published(tmp_path / "zlab", tensors=tensors, vocab_size=config.vocab_size)
-    run(compose("method=dflash", f"method.drafter.checkpoint={tmp_path / 'zlab'}", "method.sizing=auto",
-                "task=qa", "task.limit=2", f"gen.batch_size={batch_size}"))
-    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    assert len(answers) == 2 and all(a["exact_match"] for a in answers)
-    assert {a["method"] for a in answers} == {"dflash+auto"}
+    write_published(tmp_path / "zlab", vocab_size=config.vocab_size)
+    answers = qa_answers(compose, tmp_path, "method=dflash", f"method.drafter.checkpoint={tmp_path / 'zlab'}",
+                         "method.sizing=auto", f"gen.batch_size={batch_size}")
+    assert [(a["method"], a["exact_match"]) for a in answers] == [("dflash+auto", True)] * 2
 
 
 def test_the_published_pair_for_gpu_users_is_llama31_with_zlabs_drafter():
