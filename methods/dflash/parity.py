@@ -9,7 +9,8 @@ Runs in a side environment that has the `dflash` package (pip install --no-deps 
 temporary folder in the published layout upstream loads with DFlashDraftModel.from_pretrained (our `specbench_method`
 field and draft-vocabulary ids dropped), so both sides draft over the whole vocabulary there; our drafter over the
 committed slice is a third row. Prints per prompt and in total: tokens per decode step (#MAT, the prefill's token not
-counted) and whether the tokens and the per-step acceptance lengths are equal.
+counted), the share of decode steps accepting at least 1..4 drafts, and whether the tokens and the per-step
+acceptance lengths are equal.
 """
 from __future__ import annotations
 
@@ -114,15 +115,17 @@ def main(argv: list[str] | None = None) -> None:
                   f"{'equal' if theirs == ours else 'DIFFERENT'}")
             print(f"question {question['question_id']}: #MAT upstream {mat(runs[0][1]):.3f}, ours {mat(runs[1][1]):.3f}"
                   f", ours (slice) {mat(runs[2][1]):.3f}; whole-vocabulary tokens and steps equal: {same}")
-    print("| side | #MAT | tokens | decode steps | tokens equal to upstream's | steps equal |")
-    print("|---|---|---|---|---|---|")
+    print("| side | #MAT | steps accepting >= 1 / 2 / 3 / 4 drafts | tokens | decode steps "
+          "| tokens equal to upstream's | steps equal |")
+    print("|---|---|---|---|---|---|---|")
     reference = rows["upstream (dflash 0.1.0, whole vocabulary)"]
     for name, runs in rows.items():
         lengths = [n for _, steps in runs for n in steps]
         tokens_equal = all(run[0] == ref[0] for run, ref in zip(runs, reference))
         steps_equal = all(run[1] == ref[1] for run, ref in zip(runs, reference))
-        print(f"| {name} | {mat(lengths):.3f} | {sum(len(t) for t, _ in runs)} | {len(lengths)} | {tokens_equal} | "
-              f"{steps_equal} |")
+        at_least = " / ".join(f"{sum(n > k for n in lengths) / max(len(lengths), 1):.3f}" for k in range(1, 5))
+        print(f"| {name} | {mat(lengths):.3f} | {at_least} | {sum(len(t) for t, _ in runs)} | {len(lengths)} | "
+              f"{tokens_equal} | {steps_equal} |")
 
 
 if __name__ == "__main__":
