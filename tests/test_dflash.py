@@ -310,4 +310,4 @@ def test_the_published_pair_for_gpu_users_is_llama31_with_zlabs_drafter():
 
 @pytest.mark.real_model
 def test_committed_dflash_is_lossless_on_smollm2():
-    assert assert_lossless_on_smollm2("dflash", category="writing", count=2) >= 1.0
+    assert assert_lossless_on_smollm2("dflash", category="writing", count=2) > 1.1  # 1.16 (2026-12-04)
