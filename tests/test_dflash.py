@@ -311,3 +311,13 @@ def test_the_published_pair_for_gpu_users_is_llama31_with_zlabs_drafter():
 @pytest.mark.real_model
 def test_committed_dflash_is_lossless_on_smollm2():
     assert assert_lossless_on_smollm2("dflash", category="writing", count=2) > 1.1  # 1.16 (2026-12-04)
+
+
+def test_a_negative_target_layer_is_refused_before_training(tiny_checkpoint, corpus, tmp_path):
+    """train.recipe's list knobs are checked number by number (methods/heads/settings.py)."""
+    from bench.errors import ConfigError
+    from methods.heads.settings import TrainingRun
+
+    cfg = train_config(tiny_checkpoint, corpus, tmp_path, "dflash", "train.target_layer_ids=[0,-1]")
+    with pytest.raises(ConfigError, match=r"train.recipe.target_layer_ids\[1\]=-1: must be a number >= 0"):
+        TrainingRun.from_config(cfg)
