@@ -1,6 +1,6 @@
 """Our DFlash drafter beside the dflash package's `dflash_generate` on the same weights, target and prompts.
 
-    ~/.cache/specbench/dflash-venv/bin/python -m methods.dflash.parity [--checkpoint DIR] [--questions 81,82]
+    ~/.cache/specbench/dflash-venv/bin/python -m benchmarks.dflash_parity [--checkpoint DIR] [--questions 81,82]
         [--max-new-tokens 64] [--block-size N]
 
 Runs in a side environment that has the `dflash` package (pip install --no-deps dflash==0.1.0 into a venv made with
