@@ -18,6 +18,7 @@ from bench.measure.run import run
 from bench.planning.costmodel import Profile
 from bench.planning.policy import SpeculationPlanner
 from bench.validate import validate
+from methods.dflash.drafter import DFlashDrafter
 from methods.eagle.dynamic import Eagle2Drafter
 from methods.eagle.static import Eagle1Drafter
 from methods.hydra.drafter import HydraDrafter
@@ -78,6 +79,7 @@ def method_drafters(model, tmp_path, prompts):
     from methods.samd import SamdDrafter
     from methods.sps.draft import slice_target
     from methods.suffix_decoding import SuffixDecodingDrafter
+    from tests.test_dflash import random_module as random_dflash
     from tests.test_eagle import random_head
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
@@ -93,6 +95,7 @@ def method_drafters(model, tmp_path, prompts):
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
         "mlp_speculator": lambda: MLPSpeculatorDrafter(model, heads=random_stages()),
         "pard": lambda: pard_tiny_drafter(model, SamplingConfig(), {"num_draft_tokens": 4}, tmp_path),
+        "dflash": lambda: DFlashDrafter(model, drafter=random_dflash(model)),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
@@ -154,7 +157,7 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd", "suffix", "mlp_speculator", "pard"])
+                                    "recycling", "samd", "suffix", "mlp_speculator", "pard", "dflash"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -273,7 +276,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd", "suffix", "mlp_speculator", "pard"]:
+                   "samd", "suffix", "mlp_speculator", "pard", "dflash"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

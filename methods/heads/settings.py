@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bench.artifacts import resolve_artifact_path
 from bench.errors import ConfigError
@@ -229,8 +229,11 @@ class TrainSettings(StintSettings):
         recipe = self.config.get("recipe") or {}
         choices = [f"train.recipe.{key}={recipe[key]}: must be one of {', '.join(allowed)}"
                    for key, allowed in RECIPE_CHOICES.items() if key in recipe and recipe[key] not in allowed]
-        return [*counts, *choices, *numbers({f"train.recipe.{key}": value for key, value in recipe.items()
-                                             if key != "_target_" and key not in RECIPE_CHOICES})]
+        values = {f"train.recipe.{key}": value for key, value in recipe.items()
+                  if key != "_target_" and key not in RECIPE_CHOICES and not OmegaConf.is_list(value)}
+        lists = {f"train.recipe.{key}[{i}]": item for key, value in recipe.items() if OmegaConf.is_list(value)
+                 for i, item in enumerate(value)}  # a list of numbers (DFlash's target_layer_ids): each one
+        return [*counts, *choices, *numbers(values | lists)]
 
 
 @dataclass(frozen=True)
