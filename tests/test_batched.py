@@ -25,6 +25,7 @@ from methods.lookahead import LookaheadDrafter
 from methods.medusa.drafter import MedusaDrafter
 from methods.mlp_speculator.drafter import MLPSpeculatorDrafter
 from methods.pld import PromptLookupDrafter
+from methods.redrafter.drafter import ReDrafterDrafter
 from methods.rest import RestDrafter
 from methods.rest_datastore import write_datastore
 from methods.sps.drafter import DraftModelDrafter
@@ -81,6 +82,7 @@ def method_drafters(model, tmp_path, prompts):
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
     from tests.test_mlp_speculator import random_stages
+    from tests.test_redrafter import random_drafter
 
     store = write_datastore(tmp_path / "toy.idx", [p + vanilla_tokens(model, p, 24) for p in prompts], sort_depth=4)
     return {
@@ -91,6 +93,7 @@ def method_drafters(model, tmp_path, prompts):
         "medusa": lambda: MedusaDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=medusa_heads(64)),
         "hydra": lambda: HydraDrafter(model, choices="mc_sim_7b_63", tree_size=16, heads=hydra_heads()),
         "mlp_speculator": lambda: MLPSpeculatorDrafter(model, heads=random_stages()),
+        "redrafter": lambda: ReDrafterDrafter(model, beam_width=4, beam_length=4, heads=random_drafter(model)),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
@@ -152,7 +155,7 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd", "suffix", "mlp_speculator"])
+                                    "recycling", "samd", "suffix", "mlp_speculator", "redrafter"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)

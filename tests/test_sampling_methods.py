@@ -198,9 +198,9 @@ def shipped_cases(method: str, every: bool = False) -> list[str]:
 SAMPLING_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_cases("medusa"),
                      *shipped_cases("eagle"), *shipped_cases("eagle2", every=True)]
 # The broken-rule twin: a chain (SpS), static trees of deterministic (Medusa) and of drawn siblings (EAGLE), dynamic
-# trees (EAGLE-2), trees of merged candidate sequences (MLPSpeculator)
+# trees (EAGLE-2), trees of merged candidate sequences (MLPSpeculator) and of deduplicated beams (ReDrafter)
 TWIN_DRAFTERS = [*shipped_cases("sps"), *shipped_cases("medusa"), *shipped_cases("eagle2", every=True),
-                 *shipped_cases("eagle"), *shipped_cases("mlp_speculator")]
+                 *shipped_cases("eagle"), *shipped_cases("mlp_speculator"), *shipped_cases("redrafter")]
 SAMPLING_CASES = ([(case, "top_k") for case in CASES]
                   + [(case, config) for config in ("t1", "top_p") for case in SAMPLING_DRAFTERS])
 
