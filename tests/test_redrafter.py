@@ -266,3 +266,55 @@ def test_the_published_pair_for_gpu_users_is_vicuna_7b_with_apples_drafter():
 def test_committed_redrafter_is_lossless_on_smollm2():
     mean_accepted = assert_lossless_on_smollm2("redrafter", category="writing", count=2)
     assert mean_accepted > 1.3
+
+
+@pytest.mark.parametrize("draft_vocab, layers", [(None, 2), (60, 1)])
+def test_our_drafter_in_upstreams_layout_drafts_the_same_beams(tiny_model, tmp_path, draft_vocab, layers):
+    """methods/redrafter/to_upstream.py: our drafter (random, over the full vocabulary or a 60-token slice) rewritten
+    in upstream's layout loads as an upstream drafter and proposes the same beams with the same log-probabilities."""
+    from methods.heads.common import DraftVocabulary
+    from methods.redrafter.drafter import warped_log_probs
+    from methods.redrafter.to_upstream import write_upstream_layout
+
+    ids = None if draft_vocab is None else torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[
+        :draft_vocab].sort().values
+    vocab = DraftVocabulary(tiny_model.get_output_embeddings(), ids)
+    heads = random_weights(SharedVocabRecurrentDrafter(HIDDEN, layers), seed=5, std=0.1).double()
+    heads.attach_embedding(tiny_model.get_input_embeddings())
+    write_upstream_layout(heads, vocab, tmp_path / "upstream")
+    ours = ReDrafterDrafter(tiny_model, heads=heads, vocab=vocab, beam_width=5, beam_length=4)
+    converted = ReDrafterDrafter(tiny_model, checkpoint=str(tmp_path / "upstream"), beam_width=5, beam_length=4)
+    h, root, beams = first_beams(tiny_model, ours)
+    assert first_beams(tiny_model, converted)[2] == beams
+    state = torch.zeros(1, HIDDEN, dtype=torch.float64)
+    with torch.inference_mode():
+        for token in beams[0][:-1]:
+            state = ours.drafter.advance(state, torch.tensor([token]))
+            mine = vocab.full_probs(warped_log_probs(ours.drafter.logits(h[None], state, vocab)).exp())
+            theirs = warped_log_probs(converted.drafter.logits(h[None], state, converted.vocab)).exp()
+            torch.testing.assert_close(theirs, mine, atol=1e-6, rtol=1e-4)
+
+
+def test_to_upstream_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    from bench.config import compose_config
+    from bench.models import load_model
+    from methods.heads.common import save_heads
+    from methods.redrafter.to_upstream import main
+    from tests.conftest import tiny_overrides
+
+    overrides = tiny_overrides(tiny_checkpoint, tmp_path / "run")
+    target, _ = load_model(compose_config(*overrides).model, torch.device("cpu"))
+    heads = random_weights(SharedVocabRecurrentDrafter(HIDDEN, 1), seed=6, std=0.1)
+    save_heads(tmp_path / "ours", {"specbench_method": "redrafter", "hidden_size": HIDDEN, "exit_dim": 2 * HIDDEN,
+                                   "num_draft_layers": 1, "rnn": True}, heads.state_dict(), {})
+    main([str(tmp_path / "ours"), str(tmp_path / "upstream"), *overrides])
+    assert "apple/ml-recurrent-drafter's Drafter layout" in capsys.readouterr().out
+    config = json.loads((tmp_path / "upstream" / "config.json").read_text())
+    assert (config["model_type"], config["exit_dim"], config["num_draft_layers"]) == (
+        "recurrent_drafting_drafter", 2 * HIDDEN + 1, 1)
+    hidden = torch.randn(1, HIDDEN, dtype=target.dtype, generator=torch.Generator().manual_seed(0))
+    drafters = [ReDrafterDrafter(target, checkpoint=str(tmp_path / name), beam_width=3, beam_length=3)
+                for name in ("ours", "upstream")]
+    for drafter in drafters:
+        drafter.start([1, 2], hidden=hidden)
+    assert drafters[1].beams(7, 3).tolist() == drafters[0].beams(7, 3).tolist()
