@@ -274,7 +274,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd", "suffix", "mlp_speculator"]:
+                   "samd", "suffix", "mlp_speculator", "redrafter"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))
