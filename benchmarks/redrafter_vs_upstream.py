@@ -62,17 +62,55 @@ def upstream_models(upstream: Path, model_dir: Path, drafter_dir: Path, theta: f
     return recurrent_drafting.recurrent_drafting.RecurrentDrafting(llm=llm, drafter=drafter).eval(), recurrent_drafting
 
 
-def upstream_run(model, package, prompt: list[int], width: int, length: int, eos: int) -> tuple[list[int], int]:
-    """(tokens cut at MAX_NEW_TOKENS or EOS, target forwards until they were known) of upstream's greedy loop."""
+def upstream_run(model, package, prompt: list[int], width: int, length: int,
+                 eos: int) -> tuple[list[int], int, dict[int, list]]:
+    """(tokens cut at MAX_NEW_TOKENS or EOS, target forwards until they were known, {new tokens known: the beams
+    drafted there}) of upstream's greedy loop."""
     beam = package.modeling_drafter.BeamShape(width, length)
     args = package.recurrent_drafting.SamplingArgs(1.0, True)
     special = package.recurrent_drafting.SpecialTokens(NO_PAD, eos)
-    known, output = [], None
-    for output in model.generate(package.stats.Ledger(), torch.tensor([prompt]), len(prompt) + MAX_NEW_TOKENS,
-                                 beam, args, special):
-        known.append(output.shape[1] - len(prompt))
+    known, output, drafted = [], None, []
+    search = model.drafter.beam_search_candidates
+
+    def recording(*args, **kwargs):
+        beams, log_probs = search(*args, **kwargs)
+        drafted.append(beams[0].tolist())
+        return beams, log_probs
+
+    model.drafter.beam_search_candidates = recording
+    try:
+        for output in model.generate(package.stats.Ledger(), torch.tensor([prompt]),
+                                     len(prompt) + MAX_NEW_TOKENS, beam, args, special):
+            known.append(output.shape[1] - len(prompt))
+    finally:
+        del model.drafter.beam_search_candidates
     tokens = cut(output[0, len(prompt):].tolist(), eos, MAX_NEW_TOKENS)
-    return tokens, forwards_until_done(known, tokens)
+    return tokens, forwards_until_done(known, tokens), dict(zip([1, *known], drafted))
+
+
+def our_run(engine, drafter: ReDrafterDrafter, prompt: list[int], stop) -> tuple[list[int], int, dict[int, list]]:
+    """(tokens, target forwards until they were known, {new tokens known: the full-length beams drafted there}) of
+    our engine."""
+    drafted, search = {}, drafter.beams
+    known = {"now": 0}
+
+    def propose(context: list[int], max_tokens: int):
+        known["now"] = len(context) - len(prompt)
+        return type(drafter).propose(drafter, context, max_tokens)
+
+    def recording(root: int, length: int):
+        beams = search(root, length)
+        if length == drafter.beam_length:
+            drafted[known["now"]] = beams.tolist()
+        return beams
+
+    drafter.propose, drafter.beams = propose, recording
+    try:
+        out = engine.generate(prompt, stop)
+    finally:
+        del drafter.propose, drafter.beams
+    tokens = out.tokens[:MAX_NEW_TOKENS]
+    return tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens), drafted
 
 
 def upstream_prefill(model, package, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,22 +123,6 @@ def upstream_prefill(model, package, prompt: list[int]) -> tuple[torch.Tensor, t
     with torch.inference_mode():
         return package.recurrent_drafting._comprehend_prompt(
             llm, torch.tensor([prompt]), cache, package.recurrent_drafting.SamplingArgs(1.0, True), NO_PAD)
-
-
-def upstream_first_beams(model, package, prompt: list[int], width: int, length: int) -> list[list[int]]:
-    """Upstream's beams at the end of `prompt` (its own prefill: last hidden state and greedy first token)."""
-    state, token = upstream_prefill(model, package, prompt)
-    with torch.inference_mode():
-        beams, _ = model.drafter.beam_search_candidates(state, token, model.llm.base_model.get_input_embeddings(),
-                                                        package.modeling_drafter.BeamShape(width, length))
-    return beams[0].tolist()
-
-
-def our_first_beams(target, drafter: ReDrafterDrafter, prompt: list[int], length: int) -> list[list[int]]:
-    with torch.inference_mode():
-        out = target(input_ids=torch.tensor([prompt]), output_hidden_states=True)
-    drafter.start(prompt, hidden=out.hidden_states[-1][0])
-    return drafter.beams(int(out.logits[0, -1].argmax()), length).tolist()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,27 +145,29 @@ def main(argv: list[str] | None = None) -> None:
         ours_state = target(input_ids=torch.tensor([prompts[0]]), output_hidden_states=True).hidden_states[-1][0, -1]
     difference = (upstream_prefill(model, package, prompts[0])[0][0] - ours_state).abs().max()
     print(f"upstream's Llama vs ours, last hidden state of the first prompt: max |difference| {float(difference):.2e}")
-    print("| beam (width x length) | our #MAT | upstream #MAT | difference | tokens equal | first beams equal |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| beam (width x length) | our #MAT | upstream #MAT | difference | tokens equal | first beams equal | "
+          "beams equal where both drafted |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    stop = StopCondition(MAX_NEW_TOKENS, frozenset(eos))
     for shape in args.beam.split(","):
         width, length = map(int, shape.split("x"))
-        drafter = ReDrafterDrafter(target, checkpoint=checkpoint, beam_width=width,
-                                   beam_length=length)
-        engine, mine, theirs, same_tokens, same_beams = SpeculativeEngine(target, drafter), [0, 0], [0, 0], 0, 0
+        drafter = ReDrafterDrafter(target, checkpoint=checkpoint, beam_width=width, beam_length=length)
+        engine = SpeculativeEngine(target, drafter)
+        mine, theirs, same_tokens, same_first, shared, same_beams = [0, 0], [0, 0], 0, 0, 0, 0
         for prompt in prompts:
-            out = engine.generate(prompt, StopCondition(MAX_NEW_TOKENS, frozenset(eos)))
-            tokens = out.tokens[:MAX_NEW_TOKENS]
-            forwards = forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens)
-            up_tokens, up_forwards = upstream_run(model, package, prompt, width, length, tokenizer.eos_token_id)
+            tokens, forwards, drafted = our_run(engine, drafter, prompt, stop)
+            up_tokens, up_forwards, up_drafted = upstream_run(model, package, prompt, width, length,
+                                                              tokenizer.eos_token_id)
             mine = [mine[0] + len(tokens), mine[1] + forwards]
             theirs = [theirs[0] + len(up_tokens), theirs[1] + up_forwards]
             same_tokens += tokens == up_tokens
-            same_beams += our_first_beams(target, drafter, prompt, length) == upstream_first_beams(
-                model, package, prompt, width, length)
+            same_first += drafted.get(1) == up_drafted.get(1)
+            both = drafted.keys() & up_drafted.keys()
+            shared += len(both)
+            same_beams += sum(drafted[p] == up_drafted[p] for p in both)
         ours_mat, up_mat = mine[0] / mine[1], theirs[0] / theirs[1]
         print(f"| {width} x {length} | {ours_mat:.3f} | {up_mat:.3f} | {100 * (ours_mat / up_mat - 1):+.1f}% | "
-              f"{same_tokens}/{len(prompts)} | {same_beams}/{len(prompts)} |")
-
+              f"{same_tokens}/{len(prompts)} | {same_first}/{len(prompts)} | {same_beams}/{shared} |", flush=True)
 
 if __name__ == "__main__":
     main()

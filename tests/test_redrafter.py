@@ -17,8 +17,14 @@ from methods.redrafter.drafter import ReDrafterDrafter
 from methods.redrafter.head import PublishedRecurrentDrafter, SharedVocabRecurrentDrafter
 from tests.conftest import VOCAB
 from tests.drafters import recording
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.method_checks import (
+    assert_lossless,
+    assert_lossless_on_smollm2,
+    assert_sizing_auto_run_lossless,
+    compose_method,
+)
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
+from tests.test_mlp_speculator import assert_one_line_refusal
 
 HIDDEN = 64  # the tiny target's width
 PROMPT = [5, 17, 3, 40, 9, 12]
@@ -108,13 +114,6 @@ def test_published_drafter_proposes_the_beams_the_equations_say(tiny_model, tmp_
     tree = drafter.propose(PROMPT + [root], 10)
     assert tree == tree_of_sequences([beam[1:] for beam in expected])
     assert len(tree.tokens) < 6 * 3  # the beams share prefixes: deduplicated
-
-
-def assert_one_line_refusal(error, *fragments: str) -> None:
-    message = str(error.value)
-    assert "\n" not in message, message
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 @pytest.mark.parametrize("config, fragments", [
@@ -241,25 +240,15 @@ def test_runs_with_a_published_drafter_and_sizing_auto_are_lossless(compose, tin
                                                                     one_thread):
     """`python -m bench method=redrafter method.sizing=auto` on an upstream-layout drafter for the tiny target, at
     batch 1 and batched: every answer equals vanilla's."""
-    from bench.measure.run import run
-    from bench.records import read_jsonl
-
     write_published(tmp_path / "drafter", vocab=AutoConfig.from_pretrained(tiny_checkpoint).vocab_size)
-    run(compose("method=redrafter", f"method.drafter.checkpoint={tmp_path / 'drafter'}", "method.sizing=auto",
-                "method.drafter.beam_width=4", "method.drafter.beam_length=4", "task=qa", "task.limit=2",
-                f"gen.batch_size={batch_size}"))
-    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    assert len(answers) == 2 and all(a["exact_match"] for a in answers)
-    assert {a["method"] for a in answers} == {"redrafter+auto"}
+    assert_sizing_auto_run_lossless(compose, tmp_path, "redrafter", tmp_path / "drafter", batch_size,
+                                    "method.drafter.beam_width=4", "method.drafter.beam_length=4")
 
 
 def test_the_published_pair_for_gpu_users_is_vicuna_7b_with_apples_drafter():
-    from bench.config import compose_config
-
-    cfg = compose_config("method=redrafter", "model=vicuna_7b")
-    assert cfg.model.path == "lmsys/vicuna-7b-v1.3"
-    assert cfg.method.drafter.checkpoint == "apple/recurrent-drafter-vicuna-7b"
-    assert (cfg.method.drafter.beam_width, cfg.method.drafter.beam_length) == (45, 5)
+    drafter = compose_method("redrafter", "model=vicuna_7b").method.drafter
+    assert (drafter.checkpoint, drafter.beam_width, drafter.beam_length) == ("apple/recurrent-drafter-vicuna-7b", 45, 5)
+    assert compose_method("redrafter", "model=vicuna_7b").model.path == "lmsys/vicuna-7b-v1.3"
 
 
 @pytest.mark.real_model

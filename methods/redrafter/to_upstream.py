@@ -14,13 +14,13 @@ and is not committed.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from methods.heads.common import DraftVocabulary
+from methods.heads.convert import convert_checkpoint
 from methods.redrafter.checkpoints import MODEL_TYPE
 from methods.redrafter.head import SharedVocabRecurrentDrafter
 
@@ -68,21 +68,10 @@ def write_upstream_layout(drafter: SharedVocabRecurrentDrafter, vocab: DraftVoca
 
 def main(argv: list[str] | None = None) -> None:
     """The command in the module docstring."""
-    from bench.config import compose_config
-    from bench.models import load_model
     from methods.redrafter.checkpoints import load_redrafter
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2:
-        raise SystemExit(__doc__.split("\n\n")[1])
-    cfg = compose_config(*args[2:])
-    target, _ = load_model(cfg.model, torch.device("cpu"))
-    drafter, vocab, _ = load_redrafter(args[0], target)
-    if not isinstance(drafter, SharedVocabRecurrentDrafter):
-        raise SystemExit(f"{args[0]} is already in upstream's layout")
-    write_upstream_layout(drafter, vocab, Path(args[1]))
-    print(f"wrote {args[1]} (apple/ml-recurrent-drafter's Drafter layout)")
-
+    convert_checkpoint(argv, __doc__.split("\n\n")[1], load_redrafter, SharedVocabRecurrentDrafter,
+                       write_upstream_layout, "apple/ml-recurrent-drafter's Drafter layout")
 
 if __name__ == "__main__":
     main()
