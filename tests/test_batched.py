@@ -27,6 +27,7 @@ from methods.medusa.drafter import MedusaDrafter
 from methods.mlp_speculator.drafter import MLPSpeculatorDrafter
 from methods.pard.drafter import tiny_drafter as pard_tiny_drafter
 from methods.pld import PromptLookupDrafter
+from methods.redrafter.drafter import ReDrafterDrafter
 from methods.rest import RestDrafter
 from methods.rest_datastore import write_datastore
 from methods.sps.drafter import DraftModelDrafter
@@ -84,6 +85,7 @@ def method_drafters(model, tmp_path, prompts):
     from tests.test_hydra import random_heads as hydra_heads
     from tests.test_medusa import random_heads as medusa_heads
     from tests.test_mlp_speculator import random_stages
+    from tests.test_redrafter import random_drafter
 
     store = write_datastore(tmp_path / "toy.idx", [p + vanilla_tokens(model, p, 24) for p in prompts], sort_depth=4)
     return {
@@ -96,6 +98,7 @@ def method_drafters(model, tmp_path, prompts):
         "mlp_speculator": lambda: MLPSpeculatorDrafter(model, heads=random_stages()),
         "pard": lambda: pard_tiny_drafter(model, SamplingConfig(), {"num_draft_tokens": 4}, tmp_path),
         "dflash": lambda: DFlashDrafter(model, drafter=random_dflash(model)),
+        "redrafter": lambda: ReDrafterDrafter(model, beam_width=4, beam_length=4, heads=random_drafter(model)),
         "eagle": lambda: Eagle1Drafter(model, head=random_head(model, 3), choices="eagle_7b_25"),
         "eagle2": lambda: Eagle2Drafter(model, head=random_head(model, 3), total_token=10, depth=4, top_k=3),
         "recycling": lambda: RecyclingDrafter(model, carry_over=False),  # a carried matrix is shared by the rows
@@ -157,7 +160,8 @@ def test_windowed_models_mask_each_row_by_its_own_positions(windowed_model, batc
 
 
 @pytest.mark.parametrize("method", ["pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2",
-                                    "recycling", "samd", "suffix", "mlp_speculator", "pard", "dflash"])
+                                    "recycling", "samd", "suffix", "mlp_speculator", "pard", "dflash",
+                                    "redrafter"])
 def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, method, one_thread):
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
@@ -276,7 +280,7 @@ def test_every_method_is_lossless_batched_on_smollm2(tmp_path):
     build(compose_config("method=rest", "datastore.max_conversations=300", store))
     tie_margin = compose_config().model.tie_margin
     for method in ["vanilla", "pld", "lookahead", "rest", "sps", "medusa", "hydra", "eagle", "eagle2", "recycling",
-                   "samd", "suffix", "mlp_speculator", "pard", "dflash"]:
+                   "samd", "suffix", "mlp_speculator", "pard", "dflash", "redrafter"]:
         drafter = None if method == "vanilla" else drafter_from_config(method, model, tokenizer,
                                                                        *([store] if method == "rest" else []))
         out = BatchedEngine(model, drafter).generate(prompts, stop, [0] * len(prompts))

@@ -22,6 +22,7 @@ COMMANDS = {
     "bench.report.__main__": "python -m bench.report",
     "tasks.build_long_inputs": "python -m tasks.build_long_inputs",
     "methods.mlp_speculator.to_vllm": "python -m methods.mlp_speculator.to_vllm",
+    "methods.redrafter.to_upstream": "python -m methods.redrafter.to_upstream",
 }
 SOURCE_FOLDERS = ("bench", "methods", "tasks")
 

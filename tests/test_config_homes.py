@@ -37,7 +37,8 @@ def train_config(method: str, model: str = "smollm2_135m"):
 
 def test_every_method_with_per_model_settings_has_a_home_for_smollm2():
     assert [m for m, model in OWN_SETTINGS if model == "smollm2_135m"] == [
-        "dflash", "eagle", "eagle2", "eagle3", "hydra", "medusa", "mlp_speculator", "pard", "samd", "sps"]
+        "dflash", "eagle", "eagle2", "eagle3", "hydra", "medusa", "mlp_speculator", "pard", "redrafter", "samd",
+        "sps"]
 
 
 @pytest.mark.parametrize("method, model", OWN_SETTINGS)
@@ -118,7 +119,8 @@ def test_eagle_eagle2_and_samds_fallback_share_one_head(model):
 
 @pytest.mark.parametrize("method, artifact", [("medusa", "medusa"), ("hydra", "hydra"), ("eagle", "eagle"),
                                               ("eagle2", "eagle"), ("eagle3", "eagle3"),
-                                              ("mlp_speculator", "mlp_speculator"), ("dflash", "dflash")])
+                                              ("mlp_speculator", "mlp_speculator"), ("dflash", "dflash"),
+                                              ("redrafter", "redrafter")])
 def test_every_head_trainer_writes_the_checkpoint_its_drafter_reads(method, artifact):
     cfg = train_config(method)
     assert cfg.train.out_dir == cfg.method.drafter.checkpoint == f"artifacts/{artifact}/smollm2_135m"

@@ -25,6 +25,14 @@ def test_eagle_chain_of_k_counts_its_knobs_as_upstream():
     assert "server.num_speculative_tokens=3" in server and "gen.temperature=0" in server
 
 
+def test_suffix_drafts_a_chain_of_up_to_k_in_both_engines():
+    ours = bench_command(parse_args(["--k", "24"]), "suffix", "ours")
+    assert {"method=suffix", "method.drafter.num_speculative_tokens=24", "method.drafter.use_tree_spec=false"} <= \
+        set(ours)
+    assert {"server=vllm_cpu_suffix", "server.num_speculative_tokens=24"} <= set(
+        bench_command(parse_args(["--k", "24"]), "suffix", "vllm"))
+
+
 def test_step_starts_leave_out_the_last_step():
     assert step_starts([3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}  # the prefill's token at position 0
 

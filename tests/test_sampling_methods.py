@@ -199,10 +199,11 @@ SAMPLING_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_
                      *shipped_cases("eagle"), *shipped_cases("eagle2", every=True), *shipped_cases("pard"),
                      *shipped_cases("dflash")]
 # The broken-rule twin: a chain (SpS), static trees of deterministic (Medusa) and of drawn siblings (EAGLE), dynamic
-# trees (EAGLE-2), trees of merged candidate sequences (MLPSpeculator), a block drafted in one forward (DFlash)
+# trees (EAGLE-2), trees of merged candidate sequences (MLPSpeculator) and of deduplicated beams (ReDrafter), a block
+# drafted in one forward (DFlash)
 TWIN_DRAFTERS = [*shipped_cases("sps"), *shipped_cases("medusa"), *shipped_cases("eagle2", every=True),
                  *shipped_cases("eagle"), *shipped_cases("mlp_speculator"), *shipped_cases("pard"),
-                 *shipped_cases("dflash")]
+                 *shipped_cases("dflash"), *shipped_cases("redrafter")]
 SAMPLING_CASES = ([(case, "top_k") for case in CASES]
                   + [(case, config) for config in ("t1", "top_p") for case in SAMPLING_DRAFTERS])
 

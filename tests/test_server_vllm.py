@@ -81,6 +81,12 @@ def test_launch_placeholders_are_filled_by_name_and_json_is_kept(compose):
     assert env["PATH"] == os.environ["PATH"]
 
 
+def test_vllm_suffix_gets_the_suffix_method_and_its_k(compose):
+    cfg = compose("backend=server", "server=vllm_cpu_suffix", "server.binary=/usr/bin/env",
+                  "server.num_speculative_tokens=12")
+    assert '\'{"method": "suffix", "num_speculative_tokens": 12}\'' in launch_command(cfg, cfg.server.launch)
+
+
 def test_a_missing_vllm_environment_says_how_to_build_it(compose):
     cfg = compose("backend=server", "server=vllm_cpu_ngram", "server.binary=/nonexistent/python")
     with pytest.raises(Exception, match="bash benchmarks/build_vllm_cpu.sh"):
