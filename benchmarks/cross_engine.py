@@ -1,7 +1,8 @@
 """One head, two engines: our engine and vLLM (its CPU build, launched by the harness: conf/server/vllm_cpu_*.yaml)
-run the same EAGLE-3 head and the same SpS draft as a chain of k drafts, greedy, on the same prompts, each against its
-own baseline interleaved (python -m bench, one run at a time); then per-position acceptance, #MAT and tokens/s side
-by side, and where the engines' per-position acceptance differs by more than --tolerance.
+run the same EAGLE-3 head, the same SpS or PARD draft or SuffixDecoding as a chain of up to k drafts, greedy, on
+the same prompts, each against its own baseline interleaved (python -m bench, one run at a time); then
+per-position acceptance, #MAT and tokens/s side by side, and where the engines' per-position acceptance differs by
+more than --tolerance.
 
     bash benchmarks/build_vllm_cpu.sh      # once
     python -m benchmarks.cross_engine [--k 3] [--task all] [--limit 5] [--max-new-tokens 128] [--heads eagle3,sps]
@@ -30,6 +31,13 @@ HEADS = {
                ["backend=server", "server=vllm_cpu_eagle3", "server.num_speculative_tokens={k}"]),
     "sps": (["method=sps", "method.drafter.num_draft_tokens={k}", "method.drafter.adaptive=false"],
             ["backend=server", "server=vllm_cpu_draft", "server.num_speculative_tokens={k}"]),
+    "pard": (["method=pard", "method.drafter.num_draft_tokens={k}"],
+             ["backend=server", "server=vllm_cpu_pard", "server.num_speculative_tokens={k}"]),
+    # SuffixDecoding drafts up to k tokens, a chain, from its trees (vLLM's default k for it: 24, its tree depth).
+    # No warm-up on either side: vLLM's global tree would keep the warm-up request's answer, ours drops it.
+    "suffix": (["method=suffix", "method.drafter.num_speculative_tokens={k}", "method.drafter.use_tree_spec=false",
+                "warmup_tokens=0"],
+               ["backend=server", "server=vllm_cpu_suffix", "server.num_speculative_tokens={k}", "warmup_tokens=0"]),
 }
 ENGINES = ("ours", "vllm")
 

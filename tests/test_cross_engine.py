@@ -33,6 +33,12 @@ def test_suffix_drafts_a_chain_of_up_to_k_in_both_engines():
         bench_command(parse_args(["--k", "24"]), "suffix", "vllm"))
 
 
+def test_pard_drafts_k_from_one_forward_in_both_engines():
+    assert "method.drafter.num_draft_tokens=2" in bench_command(parse_args(["--k", "2"]), "pard", "ours")
+    assert {"server=vllm_cpu_pard", "server.num_speculative_tokens=2"} <= set(
+        bench_command(parse_args(["--k", "2"]), "pard", "vllm"))
+
+
 def test_step_starts_leave_out_the_last_step():
     assert step_starts([3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}  # the prefill's token at position 0
 

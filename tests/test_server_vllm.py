@@ -87,6 +87,15 @@ def test_vllm_suffix_gets_the_suffix_method_and_its_k(compose):
     assert '\'{"method": "suffix", "num_speculative_tokens": 12}\'' in launch_command(cfg, cfg.server.launch)
 
 
+def test_vllm_pard_drafts_in_parallel_from_the_pard_draft(compose):
+    cfg = compose("backend=server", "server=vllm_cpu_pard", "server.num_speculative_tokens=2")
+    assert json.loads(cfg.server.spec_config.replace("{draft_dir}", "/d")) == {
+        "method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "parallel_drafting": True}
+    from bench.config import compose_config
+
+    assert draft_of(compose_config("backend=server", "server=vllm_cpu_pard")) == "artifacts/pard/smollm2_135m"
+
+
 def test_a_missing_vllm_environment_says_how_to_build_it(compose):
     cfg = compose("backend=server", "server=vllm_cpu_ngram", "server.binary=/nonexistent/python")
     with pytest.raises(Exception, match="bash benchmarks/build_vllm_cpu.sh"):
