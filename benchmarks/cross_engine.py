@@ -113,6 +113,22 @@ def shared_text(ours: Path, vllm: Path) -> tuple[int, int, dict[str, list[int]],
     return alike, turns, accepts, (shared, agreed)
 
 
+def accepting_steps_agree(ours: Path, vllm: Path) -> tuple[int, int]:
+    """(turns both engines wrote alike, those whose steps that accepted a draft accepted as many, in order, the last
+    such step left out). vLLM's per-request metrics list the steps that drafted, not where the steps that drafted
+    nothing fell, so for a drafter that often drafts nothing (SuffixDecoding) step positions cannot be matched;
+    the order of the accepting steps can. The last one is left out: at the length limit ours drafts only what still
+    fits, vLLM drafts on and cuts the answer afterwards."""
+    theirs = {r["question_id"]: turn_steps(r) for r in read_jsonl(vllm / "answers.jsonl")}
+    alike = agreed = 0
+    for record in read_jsonl(ours / "answers.jsonl"):
+        for (ids, mine), (other_ids, other) in zip(turn_steps(record), theirs.get(record["question_id"], [])):
+            if ids == other_ids:
+                alike += 1
+                agreed += [n for n in mine if n > 1][:-1] == [n for n in other if n > 1][:-1]
+    return alike, agreed
+
+
 def step_starts(lengths: list[int], new_tokens: int) -> dict[int, int]:
     """{position a decode step starts at: its length}, the turn's last step left out (the prefill's token is
     position 0)."""
@@ -161,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{head} in {engine} failed (its output is above)", file=sys.stderr)
                 return 1
             rows.append(overall_row(run_dir(args, head, engine), head, engine, args.k))
-        alike, turns, accepts, steps = shared_text(run_dir(args, head, "ours"), run_dir(args, head, "vllm"))
+        dirs = run_dir(args, head, "ours"), run_dir(args, head, "vllm")
+        alike, turns, accepts, steps = shared_text(*dirs)
         rows += shared_rows(head, accepts, args.k)
         notes.append(f"{head}: {alike} of {turns} turns have the same text in both engines; on them {steps[0]} steps "
                      f"start at the same position, {steps[1]} ({steps[1] / max(steps[0], 1):.1%}) accepting as "
-                     f"many drafts in both")
+                     f"many drafts in both; in {accepting_steps_agree(*dirs)[1]} the steps that accepted drafts "
+                     f"accepted as many, in order (the last left out)")
     table = pd.DataFrame(rows)
     flagged = flag_gaps(table, args.k, args.tolerance)
     print(f"\nSame head, two engines: {args.model}, chain of k={args.k}, greedy, task={args.task} "

@@ -6,7 +6,15 @@ import json
 
 import pandas as pd
 
-from benchmarks.cross_engine import bench_command, flag_gaps, parse_args, shared_rows, shared_text, step_starts
+from benchmarks.cross_engine import (
+    accepting_steps_agree,
+    bench_command,
+    flag_gaps,
+    parse_args,
+    shared_rows,
+    shared_text,
+    step_starts,
+)
 
 
 def write_answers(folder, turns: list[tuple[list[int], list[int]]], question_id: int = 1) -> None:
@@ -57,3 +65,12 @@ def test_shared_text_compares_only_turns_written_alike(tmp_path):
     assert flag_gaps(rows, 2, 0.2) == ["eagle3: position 2 accepted at 0.500 in ours, 0.200 in vLLM (-0.300) on "
                                        "the same text"]
     assert flag_gaps(rows, 2, 0.31) == []
+
+
+def test_accepting_steps_are_compared_in_order_wherever_the_empty_steps_fell(tmp_path):
+    """vLLM lists the steps that drafted first: the accepting steps 3, 2 in order agree; the last one (4 against 5,
+    cut at the length limit) is left out; a turn of other text is not compared."""
+    same = list(range(12))
+    write_answers(tmp_path / "ours", [(same, [1, 1, 3, 1, 2, 4]), (same, [2, 1, 3]), (same[:3], [1, 2])])
+    write_answers(tmp_path / "vllm", [(same, [3, 2, 5, 1, 1, 1]), (same, [3, 1, 2]), (same[:2] + [9], [1, 2])])
+    assert accepting_steps_agree(tmp_path / "ours", tmp_path / "vllm") == (2, 1)
