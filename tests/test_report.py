@@ -472,6 +472,19 @@ def temperature_runs(root: Path) -> None:
                    finished="2026-03-02T00:00:00")
 
 
+def test_temperature_view_pools_the_seeds_of_a_drafter_that_takes_the_run_seed(tmp_path):
+    """EAGLE-2 samples its own drafts with the run's seed (its config's drafter.seed): one row per temperature,
+    not one per seed."""
+    from bench.report.regimes import temperature_sweeps, temperature_table
+
+    two = [(321, "qa"), (401, "math_reasoning")]
+    for t, seed in ((0.0, 0), (0.7, 0), (0.7, 1)):
+        method_run(tmp_path / f"t{t}-s{seed}", "eagle2", {321: 2.0, 401: 2.0}, [2], questions=two, temperature=t,
+                   seed=seed, drafter={"_target_": "methods.eagle2.Drafter", "seed": seed})
+    table = temperature_table(temperature_sweeps(load_runs(tmp_path))[0])
+    assert table.method.tolist() == ["eagle2", "eagle2"] and table.seeds.tolist() == [1, 2]
+
+
 def test_temperature_view_pools_questions_and_seeds(tmp_path):
     from bench.report.regimes import temperature_sweeps, temperature_table
 

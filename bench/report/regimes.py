@@ -3,6 +3,7 @@ bucket (the long-input task, conf/task/long_inputs.yaml), against the sampling t
 gen.temperature values and seeds), and of one model's weights in float32 beside bfloat16."""
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -64,6 +65,7 @@ def temperature_sweeps(runs: pd.DataFrame) -> list[pd.DataFrame]:
 def temperature_table(sweep: pd.DataFrame) -> pd.DataFrame:
     """A row per method x temperature of one sweep (temperature_sweeps): questions, seeds, speedup over vanilla and
     #MAT with their 95% intervals, each a paired bootstrap over the (question, seed) pairs, all tasks together."""
+    sweep = sweep.assign(method_config=sweep.method_config.map(without_run_seed))
     labels = method_labels(sweep)
     vanilla = {(r.setting, r.seed, r.question_id): r.record for r in sweep[sweep.is_baseline].itertuples()}
     pairs: dict[tuple[str, float], list[tuple[dict, dict | None]]] = {}
@@ -79,6 +81,15 @@ def temperature_table(sweep: pd.DataFrame) -> pd.DataFrame:
                "mean_accepted_tokens", "mat_ci_low", "mat_ci_high"]
     return pd.DataFrame(rows, columns=columns).sort_values(["method", "temperature"], kind="stable",
                                                           ignore_index=True)
+
+
+def without_run_seed(method_config: str) -> str:
+    """A method config (JSON) without its drafter's `seed`: a drafter that samples its own drafts takes the run's
+    seed (conf/method/*.yaml `seed: ${seed}`), which the temperature view pools over rather than telling apart."""
+    config = json.loads(method_config)
+    if isinstance(config.get("drafter"), dict):
+        config["drafter"] = {k: v for k, v in config["drafter"].items() if k != "seed"}
+    return json.dumps(config, sort_keys=True, default=str)
 
 
 def sampled_numbers(pairs: list[tuple[dict, dict | None]]) -> dict:
