@@ -95,22 +95,28 @@ def shared_text(ours: Path, vllm: Path) -> tuple[int, int, dict[str, list[int]],
     (steps both start at the same position, how many of those accepted as many drafts in both): the same head on the
     same context must agree, whatever the steps before (a turn's last step, which the length limit may cut, left
     out)."""
-    theirs = {r["question_id"]: turn_steps(r) for r in read_jsonl(vllm / "answers.jsonl")}
     accepts: dict[str, list[int]] = {"ours": [], "vllm": []}
     turns = alike = shared = agreed = 0
+    for ids, mine, other_ids, other in paired_turns(ours, vllm):
+        turns += 1
+        if ids != other_ids:
+            continue
+        alike += 1
+        accepts["ours"] += [a - 1 for a in mine]
+        accepts["vllm"] += [a - 1 for a in other]
+        starts = [step_starts(lengths, len(ids)) for lengths in (mine, other)]
+        common = starts[0].keys() & starts[1].keys()
+        shared += len(common)
+        agreed += sum(starts[0][p] == starts[1][p] for p in common)
+    return alike, turns, accepts, (shared, agreed)
+
+
+def paired_turns(ours: Path, vllm: Path):
+    """(our token ids, our step lengths, vLLM's token ids, its step lengths) of every turn both engines answered."""
+    theirs = {r["question_id"]: turn_steps(r) for r in read_jsonl(vllm / "answers.jsonl")}
     for record in read_jsonl(ours / "answers.jsonl"):
         for (ids, mine), (other_ids, other) in zip(turn_steps(record), theirs.get(record["question_id"], [])):
-            turns += 1
-            if ids != other_ids:
-                continue
-            alike += 1
-            accepts["ours"] += [a - 1 for a in mine]
-            accepts["vllm"] += [a - 1 for a in other]
-            starts = [step_starts(lengths, len(ids)) for lengths in (mine, other)]
-            common = starts[0].keys() & starts[1].keys()
-            shared += len(common)
-            agreed += sum(starts[0][p] == starts[1][p] for p in common)
-    return alike, turns, accepts, (shared, agreed)
+            yield ids, mine, other_ids, other
 
 
 def accepting_steps_agree(ours: Path, vllm: Path) -> tuple[int, int]:
@@ -119,13 +125,11 @@ def accepting_steps_agree(ours: Path, vllm: Path) -> tuple[int, int]:
     nothing fell, so for a drafter that often drafts nothing (SuffixDecoding) step positions cannot be matched;
     the order of the accepting steps can. The last one is left out: at the length limit ours drafts only what still
     fits, vLLM drafts on and cuts the answer afterwards."""
-    theirs = {r["question_id"]: turn_steps(r) for r in read_jsonl(vllm / "answers.jsonl")}
     alike = agreed = 0
-    for record in read_jsonl(ours / "answers.jsonl"):
-        for (ids, mine), (other_ids, other) in zip(turn_steps(record), theirs.get(record["question_id"], [])):
-            if ids == other_ids:
-                alike += 1
-                agreed += [n for n in mine if n > 1][:-1] == [n for n in other if n > 1][:-1]
+    for ids, mine, other_ids, other in paired_turns(ours, vllm):
+        if ids == other_ids:
+            alike += 1
+            agreed += [n for n in mine if n > 1][:-1] == [n for n in other if n > 1][:-1]
     return alike, agreed
 
 
