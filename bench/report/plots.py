@@ -9,6 +9,7 @@ import pandas as pd
 
 from bench.measure.metrics import ACCEPT_POSITIONS
 from bench.planning.costmodel import Profile
+from bench.report.regimes import regime_columns
 from bench.report.tables import (
     MAT_COLUMN,
     OVERALL_COLUMN,
@@ -221,7 +222,7 @@ def _regime_panels(lines: dict[str, pd.DataFrame], x_label: str, path: Path, tit
 
 def plot_buckets(table: pd.DataFrame, path: Path, title: str) -> None:
     """Speedup and #MAT per input-length bucket (bench.report.regimes.bucket_table), a line per method."""
-    buckets = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    buckets = regime_columns(table)
     parts = {"speedup": "speedup", "low": "low", "high": "high", "mat": "#MAT"}
     lines = {row["Method"]: pd.DataFrame({"x": range(len(buckets)), "mat_low": math.nan, "mat_high": math.nan,
                                           **{key: [row[f"{b} {part}"] for b in buckets]
@@ -244,7 +245,7 @@ def plot_dtypes(table: pd.DataFrame, path: Path, title: str) -> None:
     """Two panels of grouped bars, a group per method and a bar per dtype (bench.report.regimes.dtype_table):
     overall speedup with its 95% interval and the vanilla 1.0 line, and #MAT."""
     plt = _pyplot()
-    dtypes = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    dtypes = regime_columns(table)
     drafted = table[table.Method != VANILLA].reset_index(drop=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(min(14.0, 4.0 + 0.9 * len(drafted)), 4.5))
     width = 0.8 / max(len(dtypes), 1)

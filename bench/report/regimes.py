@@ -23,6 +23,11 @@ def bucket_tasks(tasks) -> list[str]:
     return sorted({t for t in tasks if BUCKET_TASK.fullmatch(t)}, key=lambda t: int(BUCKET_TASK.fullmatch(t)[1]))
 
 
+def regime_columns(table: pd.DataFrame) -> list[str]:
+    """What a regime table (bucket_table, dtype_table) has a column group for, in its order: each `<x> speedup`'s x."""
+    return [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+
+
 def bucket_table(board: pd.DataFrame) -> pd.DataFrame:
     """One setting's long-input view: a row per drafting method, per bucket (in length order) its speedup, the
     speedup's 95% interval and #MAT (BUCKET_NUMBERS); no bucket columns where the board has no bucket."""
@@ -43,7 +48,7 @@ def bucket_table(board: pd.DataFrame) -> pd.DataFrame:
 
 def bucket_text(table: pd.DataFrame) -> pd.DataFrame:
     """bucket_table as displayed: a column per bucket, `1.35x (1.21-1.49) · 2.10` (speedup, its interval, #MAT)."""
-    buckets = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    buckets = regime_columns(table)
     shown = pd.DataFrame({"Method": table.Method})
     for bucket in buckets:
         shown[bucket] = [speedup_text(s, lo, hi) + ("" if pd.isna(mat) else f" · {mat:.2f}") for s, lo, hi, mat in
@@ -176,7 +181,7 @@ def dtype_table(group: pd.DataFrame) -> pd.DataFrame:
 def dtype_text(table: pd.DataFrame) -> pd.DataFrame:
     """dtype_table as displayed: a column per dtype, `1.35x (1.21-1.49) · 2.10` (speedup, its interval, #MAT), `≠`
     and the exact share where some answer left vanilla's other than at a numeric tie; vanilla's row: tokens/s."""
-    dtypes = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    dtypes = regime_columns(table)
     shown = pd.DataFrame({"Method": table.Method})
     for dtype in dtypes:
         cells = []
