@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from methods.heads.common import DraftVocabulary
+from methods.heads.convert import convert_checkpoint
 from methods.mlp_speculator.head import SharedVocabMLPSpeculator
 
 CONSTANT_BIAS = 1.0  # the constant dimension's value before GELU
@@ -75,21 +75,10 @@ def write_ibm_layout(stages: SharedVocabMLPSpeculator, vocab: DraftVocabulary, o
 
 def main(argv: list[str] | None = None) -> None:
     """The command in the module docstring."""
-    from bench.config import compose_config
-    from bench.models import load_model
     from methods.mlp_speculator.checkpoints import load_mlp_speculator
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2:
-        raise SystemExit(__doc__.split("\n\n")[1])
-    cfg = compose_config(*args[2:])
-    target, _ = load_model(cfg.model, torch.device("cpu"))
-    stages, vocab, _ = load_mlp_speculator(args[0], target)
-    if not isinstance(stages, SharedVocabMLPSpeculator):
-        raise SystemExit(f"{args[0]} is already in a published layout")
-    write_ibm_layout(stages, vocab, Path(args[1]))
-    print(f"wrote {args[1]} (IBM's accelerator layout: vLLM's method mlp_speculator)")
-
+    convert_checkpoint(argv, __doc__.split("\n\n")[1], load_mlp_speculator, SharedVocabMLPSpeculator,
+                       write_ibm_layout, "IBM's accelerator layout: vLLM's method mlp_speculator")
 
 if __name__ == "__main__":
     main()
