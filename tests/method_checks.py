@@ -60,15 +60,14 @@ def drafter_from_config(name: str, model, tokenizer, *overrides: str):
                          SamplingConfig())
 
 
-def assert_sizing_auto_run_lossless(compose, tmp_path, method: str, checkpoint, batch_size: int,
-                                    *overrides: str) -> None:
-    """`python -m bench method=<method> method.sizing=auto` with `checkpoint` for the tiny target, two qa questions
-    at `batch_size`: every answer equals vanilla's, labelled <method>+auto."""
+def assert_sizing_auto_run_lossless(compose, tmp_path, method: str, batch_size: int, *overrides: str) -> None:
+    """`python -m bench method=<method> method.sizing=auto` with `overrides` (the head or draft folder for the tiny
+    target), two qa questions at `batch_size`: every answer equals vanilla's, labelled <method>+auto."""
     from bench.measure.run import run
     from bench.records import read_jsonl
 
-    run(compose(f"method={method}", f"method.drafter.checkpoint={checkpoint}", "method.sizing=auto", *overrides,
-                "task=qa", "task.limit=2", f"gen.batch_size={batch_size}"))
+    run(compose(f"method={method}", "method.sizing=auto", *overrides, "task=qa", "task.limit=2",
+                f"gen.batch_size={batch_size}"))
     answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
     assert len(answers) == 2 and all(a["exact_match"] for a in answers)
     assert {a["method"] for a in answers} == {f"{method}+auto"}

@@ -17,7 +17,7 @@ from methods.mlp_speculator.drafter import MLPSpeculatorDrafter, tree_of_sequenc
 from methods.mlp_speculator.head import PublishedMLPSpeculator
 from tests.conftest import VOCAB
 from tests.drafters import recording
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, assert_sizing_auto_run_lossless
 from tests.test_head_training import corpus, train_config  # noqa: F401 (corpus: a fixture)
 
 HIDDEN, INNER = 64, 48  # the tiny target's width; the stages' own
@@ -261,15 +261,10 @@ def test_runs_with_an_ibm_checkpoint_and_sizing_auto_are_lossless(compose, tiny_
                                                                    one_thread):
     """`python -m bench method=mlp_speculator method.sizing=auto` on an IBM-layout checkpoint for the tiny target,
     at batch 1 and batched: every answer equals vanilla's."""
-    from bench.measure.run import run
-    from bench.records import read_jsonl
 
     write_ibm(tmp_path / "ibm", vocab=AutoConfig.from_pretrained(tiny_checkpoint).vocab_size)
-    run(compose("method=mlp_speculator", f"method.drafter.checkpoint={tmp_path / 'ibm'}", "method.sizing=auto",
-                "task=qa", "task.limit=2", f"gen.batch_size={batch_size}"))
-    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    assert len(answers) == 2 and all(a["exact_match"] for a in answers)
-    assert {a["method"] for a in answers} == {"mlp_speculator+auto"}
+    assert_sizing_auto_run_lossless(compose, tmp_path, "mlp_speculator", batch_size,
+                                    f"method.drafter.checkpoint={tmp_path / 'ibm'}")
 
 
 def test_the_published_pair_for_gpu_users_is_llama3_with_ibms_accelerator():

@@ -17,7 +17,7 @@ from methods.pard.drafter import ParallelDraftDrafter, tiny_drafter
 from methods.pard.layout import parallel_layout
 from methods.sps.draft import save_draft, slice_target
 from tests.conftest import tiny_config
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.method_checks import assert_lossless, assert_lossless_on_smollm2, assert_sizing_auto_run_lossless
 from tests.test_checkpoints import assert_one_line_refusal
 from tests.test_head_training import corpus  # noqa: F401 (a fixture)
 
@@ -163,15 +163,9 @@ def test_train_pard_writes_a_pard_draft_its_drafter_loads(tiny_checkpoint, corpu
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_runs_with_a_pard_checkpoint_and_sizing_auto_are_lossless(compose, tiny_checkpoint, tmp_path, batch_size,
                                                                   one_thread):
-    from bench.measure.run import run
-    from bench.records import read_jsonl
 
     folder = write_pard_checkpoint(tmp_path / "pard", AutoConfig.from_pretrained(tiny_checkpoint).vocab_size)
-    run(compose("method=pard", f"method.drafter.draft_path={folder}", "method.sizing=auto", "task=qa",
-                "task.limit=2", f"gen.batch_size={batch_size}"))
-    answers = read_jsonl(tmp_path / "run" / "answers.jsonl")
-    assert len(answers) == 2 and all(a["exact_match"] for a in answers)
-    assert {a["method"] for a in answers} == {"pard+auto"}
+    assert_sizing_auto_run_lossless(compose, tmp_path, "pard", batch_size, f"method.drafter.draft_path={folder}")
 
 
 def test_the_published_pair_for_gpu_users_is_llama31_with_amds_pard_draft():

@@ -241,8 +241,9 @@ def test_runs_with_a_published_drafter_and_sizing_auto_are_lossless(compose, tin
     """`python -m bench method=redrafter method.sizing=auto` on an upstream-layout drafter for the tiny target, at
     batch 1 and batched: every answer equals vanilla's."""
     write_published(tmp_path / "drafter", vocab=AutoConfig.from_pretrained(tiny_checkpoint).vocab_size)
-    assert_sizing_auto_run_lossless(compose, tmp_path, "redrafter", tmp_path / "drafter", batch_size,
-                                    "method.drafter.beam_width=4", "method.drafter.beam_length=4")
+    assert_sizing_auto_run_lossless(compose, tmp_path, "redrafter", batch_size,
+                                    f"method.drafter.checkpoint={tmp_path / 'drafter'}", "method.drafter.beam_width=4",
+                                    "method.drafter.beam_length=4")
 
 
 def test_the_published_pair_for_gpu_users_is_vicuna_7b_with_apples_drafter():
