@@ -49,10 +49,14 @@ class Eagle2Drafter(EagleDrafter):
         frontier = torch.arange(k, device=self.device)  # pool indices of the nodes fed next
         frontier_scores, frontier_positions = scores[0], positions[0]
         inputs = root_feature[None].expand(k, -1)  # [k, H] each frontier node's parent's predicted feature
-        mask = torch.eye(k, dtype=torch.bool, device=self.device)  # [k, fed] frontier rows x fed tree rows
+        # [k, k] additive (0: sees it, min: does not): a fed row sees itself among the rows fed with it
+        sees_itself = torch.full((k, k), self._min_value, dtype=self.dtype, device=self.device).fill_diagonal_(0)
+        sees_context = torch.zeros(k, self.context_len, dtype=self.dtype, device=self.device)  # [k, n] all of it
+        tree_mask = sees_itself  # [k, fed] additive: frontier rows x fed tree rows
         size = k
         for level in range(self.depth):
-            features = self._feed_level(self.vocab.to_token_ids(frontier_positions), inputs, mask, level)  # [k, H]
+            features = self._feed_level(self.vocab.to_token_ids(frontier_positions), inputs,
+                                        torch.cat([sees_context, tree_mask], dim=1), level)  # [k, H]
             child_scores, child_positions = self.vocab(features).float().log_softmax(-1).topk(k, dim=-1)  # [k, k]
             cumulative = (frontier_scores[:, None] + child_scores).flatten()  # [k * k]
             pool_positions.append(child_positions.flatten())
@@ -63,7 +67,7 @@ class Eagle2Drafter(EagleDrafter):
             best = cumulative.topk(k).indices  # the next frontier, as indices into this level's k * k children
             frontier, frontier_scores = size + best, cumulative[best]
             frontier_positions, inputs = child_positions.flatten()[best], features[best // k]
-            mask = torch.cat([mask[best // k], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
+            tree_mask = torch.cat([tree_mask[best // k], sees_itself], dim=1)  # a node sees what its parent saw
             size += k * k
         scores = torch.cat(pool_scores)
         keep = scores.sort(descending=True, stable=True).indices[: self.total_token - 1]  # ties: the older node
@@ -73,18 +77,15 @@ class Eagle2Drafter(EagleDrafter):
         assert all(p < 0 or p in index for p in parents), "a child never outranks its parent"
         return DraftTree(tokens, [index[p] if p >= 0 else -1 for p in parents])
 
-    def _feed_level(self, token_ids: torch.Tensor, inputs: torch.Tensor, mask: torch.Tensor,
+    def _feed_level(self, token_ids: torch.Tensor, inputs: torch.Tensor, attention_mask: torch.Tensor,
                     level: int) -> torch.Tensor:
         """Feed one tree level (pairs of a node's token and its parent's predicted feature) after the cached context
-        and the levels fed before; `mask` [rows, fed] says which fed tree rows (this level's last) each row sees.
-        Returns the rows' predicted features [rows, H]."""
-        n, rows = self.context_len, len(token_ids)
-        attend = torch.cat([torch.ones(rows, n, dtype=torch.bool, device=self.device), mask], dim=1)
-        additive = torch.zeros(attend.shape, dtype=self.dtype, device=self.device)
-        additive.masked_fill_(~attend, self._min_value)
-        positions = torch.full((1, rows), n + level, device=self.device)
+        and the levels fed before; `attention_mask` [rows, n + fed] (additive) says which cached positions (the
+        context and the fed tree rows, this level's last) each row sees. Returns the rows' predicted features
+        [rows, H]."""
+        positions = torch.full((1, len(token_ids)), self.context_len + level, device=self.device)
         return self.head(self.embed(token_ids[None]), inputs[None], cache=self.cache, position_ids=positions,
-                         attention_mask=additive[None, None])[0]
+                         attention_mask=attention_mask[None, None])[0]
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> Eagle2Drafter:
