@@ -47,7 +47,8 @@ class Drafter:
       keep Token Recycling's matrix); False puts the drafter back as it was before the warm-up (SuffixDecoding,
       which Spec-Bench never ran: vLLM starts it from an empty global tree).
     - `partial_drafts`: its `propose_first` drafts only the nodes asked for, so a cut tree costs less to draft than
-      the whole one (EAGLE-2's levels); method.sizing=auto then prices drafting per size (bench/planning/policy.py).
+      the whole one (EAGLE-2's levels, SpS's chain); method.sizing=auto then prices drafting per size
+      (bench/planning/policy.py).
     """
 
     feature_layers: tuple[int, ...] = ()

@@ -8,10 +8,10 @@ trees are not chains, or when every step passes a tree mask, as batched ones do)
 verified nodes.
 When no k beats plain decoding (1 / t(1)), it stops calling the drafter at all until a probe. Chain drafters are
 asked for k tokens only (propose's `max_tokens` argument), so SpS stops paying for drafts it would cut, and every
-drafter for its first k nodes (`propose_first`): EAGLE-2 and EAGLE-3 then draft only the levels those need, and,
-as they declare (`partial_drafts`), the drafting time is priced per size asked (the mean measured for each, linear
-between them) instead of one mean for every k, so that where verification is nearly free (bfloat16) a shallower
-tree can win by its drafting alone.
+drafter for its first k nodes (`propose_first`): EAGLE-2 and EAGLE-3 then draft only the levels those need, Medusa
+and Hydra only the heads. Such drafters declare it (`partial_drafts`, SpS too), and their drafting time is priced
+per size asked (the mean measured for each, linear between them) instead of one mean for every k, so that where
+verification is nearly free (bfloat16) a smaller tree can win by its drafting alone.
 
 Probes keep the estimates honest: the first `warmup_steps` steps and then a step whenever the probes' extra cost
 stays within `probe_share` of the time decoded since verify the whole tree. Lossless throughout: the target
