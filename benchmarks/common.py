@@ -5,9 +5,8 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from omegaconf import OmegaConf
 
-from bench.artifacts import PROJECT_ROOT
+from bench.config import compose_config
 from bench.engine.timing import timed
 from bench.models import eos_token_ids, load_model
 from tasks import first_turn_prompts, read_questions
@@ -28,7 +27,7 @@ def make_parser(description: str, **defaults) -> argparse.ArgumentParser:
 
 def setup(args: argparse.Namespace):
     """(model, tokenizer, prompts, eos ids) for the first turns of `args.questions` Spec-Bench questions."""
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / f"{args.model}.yaml")
+    cfg = compose_config(f"model={args.model}").model  # with its defaults (smollm2_135m_bf16 extends smollm2_135m)
     if args.dtype:
         cfg.dtype = args.dtype
     model, tokenizer = load_model(cfg, torch.device(args.device))

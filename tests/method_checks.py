@@ -5,6 +5,7 @@ import functools
 
 from bench.config import compose_config
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.tree import first_nodes
 from bench.models import eos_token_ids
 from tests.conftest import generate_tokens, load_smollm2, spec_bench_prompts, vanilla_tokens
 
@@ -16,6 +17,25 @@ def assert_lossless(model, drafter, prompt: list[int], max_new_tokens: int, eos=
     assert out.tokens == vanilla_tokens(model, prompt, max_new_tokens, frozenset(eos))
     assert out.tokens == generate_tokens(model, prompt, max_new_tokens, frozenset(eos))
     return out
+
+
+def assert_first_nodes_drafted_alike(model, drafter, prompt: list[int], max_new_tokens: int) -> int:
+    """Decodes `prompt` losslessly with `drafter` (one whose proposals keep no state from call to call), checking at
+    every step that propose_first(k), which drafts only what the first k nodes need, is the whole tree's first k
+    nodes, token for token and parent for parent, for every k; returns how many (step, k) it checked."""
+    whole_tree, checked = drafter.propose, []
+
+    def propose(context, max_tokens):
+        whole = whole_tree(context, max_tokens)
+        for k in range(1, 0 if whole is None else len(whole) + 1):
+            first, expected = drafter.propose_first(context, max_tokens, k), first_nodes(whole, k)
+            assert (list(first.tokens), first.parents) == (list(expected.tokens), expected.parents)
+            checked.append(k)
+        return whole
+
+    drafter.propose = propose
+    assert_lossless(model, drafter, prompt, max_new_tokens)
+    return len(checked)
 
 
 def assert_lossless_on_smollm2(method, *overrides: str, category: str = "summarization", count: int = 2,

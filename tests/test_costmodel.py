@@ -25,7 +25,7 @@ from bench.planning.costmodel import (
     profile_path,
     turn_contexts,
 )
-from bench.planning.policy import PlannedDrafter
+from bench.planning.policy import PlannedDrafter, SpeculationPlanner
 from bench.planning.profile import BLAS_ENVIRONMENT, measure_forward_times, profile_command, profile_setting
 from bench.records import PHASES, read_jsonl
 from methods.medusa.drafter import MedusaDrafter
@@ -113,6 +113,25 @@ def test_best_size_maximises_tokens_per_second():
     assert k == max(range(5), key=rates.__getitem__) and rate == pytest.approx(max(rates))
     assert best_size([0.01, 0.01], 100, profile)[0] == 0  # nothing pays
     assert best_size(probs, 100, profile, draft_seconds=1.0)[0] == 4  # drafting cost is paid whatever k is
+
+
+def test_best_size_prices_drafting_per_size():
+    """Verification nearly free (bfloat16's regime): one drafting cost for every k lets the whole tree win; drafting
+    priced per size (a third node needing a level more) keeps the tree at two nodes."""
+    profile, probs = linear_profile(BASE, 0.0), [0.9, 0.6, 0.3, 0.1]
+    assert best_size(probs, 100, profile, draft_seconds=0.01)[0] == 4
+    assert best_size(probs, 100, profile, draft_seconds=[0.0, 0.002, 0.004, 0.05, 0.06])[0] == 2
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_the_planner_prices_drafting_per_size_asked_for_partial_drafts(partial):
+    """A drafter that drafts only the nodes asked for (partial_drafts) is priced by the means measured per size
+    asked (the probe's: the whole tree's), linear between them; any other by the mean of every drafted step."""
+    planner = SpeculationPlanner(linear_profile(), partial_drafts=partial)
+    planner.drafted(0.04, [DraftTree([1, 2, 3, 4], [-1, 0, 1, 2])])  # a probe: the whole tree, 4 nodes
+    planner.drafted(0.01, nodes=2)
+    expected = [0.01, 0.01, 0.01, 0.025, 0.04] if partial else [0.025] * 5
+    assert planner.drafting_seconds() == pytest.approx(expected)
 
 
 def test_turn_contexts_follow_the_accepted_tokens():

@@ -8,11 +8,16 @@ import torch
 from transformers import DynamicCache
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.tree import first_nodes
 from bench.errors import MissingArtifactError
+from bench.planning.costmodel import Profile
+from bench.planning.policy import PlannedDrafter
 from methods.eagle.checkpoints import load_eagle
 from methods.eagle.dynamic import Eagle2Drafter
 from methods.eagle.head import EagleHead
 from methods.eagle.static import Eagle1Drafter
+from methods.eagle3.drafter import Eagle3Drafter
+from methods.eagle3.drafter import random_head as random_eagle3_head
 from methods.heads.common import DraftVocabulary, save_heads
 from methods.heads.trees import TREES
 from tests.conftest import VOCAB
@@ -119,6 +124,70 @@ def test_eagle2_tree_is_upstreams(tiny_model, prompts, total_token, depth, top_k
     assert tree_paths(tree) == expected
     assert tree.draft_probs is None
     assert all(p < i for i, p in enumerate(tree.parents))
+
+
+class FirstNodesChecked:
+    """Mixed into an EAGLE-2 drafter class: every proposal also drafts each size `nodes` with propose_first's
+    path (draft_tree with `nodes`; the head's cache cut back to the context between them, as update does) and
+    keeps it beside the whole tree's first `nodes` nodes."""
+
+    def propose(self, context, max_tokens):
+        root_feature = self._feed_pending(context)
+        whole = self.draft_tree(root_feature)
+        self.pairs = getattr(self, "pairs", [])
+        for nodes in range(len(whole) + 2):
+            self.drop_tree_rows()
+            self.pairs.append((self.draft_tree(root_feature, nodes), first_nodes(whole, nodes)))
+        self.drop_tree_rows()
+        return self.draft_tree(root_feature)
+
+    def drop_tree_rows(self):
+        surplus = self.cache.get_seq_length() - self.context_len
+        if surplus:
+            self.cache.crop(-surplus)
+
+
+@pytest.mark.parametrize("head_kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("total_token, depth, top_k", [(8, 3, 2), (30, 4, 4), (60, 5, 10)])
+def test_first_nodes_are_drafted_with_fewer_levels_alike(tiny_model, prompts, head_kind, total_token, depth, top_k,
+                                                        one_thread):
+    """propose_first's tree (at most nodes - 1 expansions) is the whole tree's first `nodes` nodes, token for token
+    and parent for parent, at every step and size: method.sizing=auto may draft less without drafting otherwise."""
+    base, head = ((Eagle2Drafter, random_head(tiny_model, 5)) if head_kind == "eagle" else
+                  (Eagle3Drafter, random_eagle3_head(tiny_model, 2, draft_vocab=12, std=0.3)))
+    drafter = type("Checked", (FirstNodesChecked, base), {})(tiny_model, head=head, total_token=total_token,
+                                                            depth=depth, top_k=top_k)
+    assert_lossless(tiny_model, drafter, prompts[2], 30)
+    assert len(drafter.pairs) > 3 * total_token // 2
+    for first, expected in drafter.pairs:
+        got = None if first is None else (list(first.tokens), first.parents)
+        want = None if not len(expected) else (list(expected.tokens), expected.parents)
+        assert got == want
+
+
+def test_sizing_auto_drafts_only_the_levels_of_the_nodes_it_keeps(tiny_model, prompts, one_thread):
+    """Under method.sizing=auto an EAGLE-2 step asked for k nodes expands min(depth, k - 1) levels (a probe: all of
+    them), and decoding stays lossless."""
+    asked, levels = [], []
+
+    class Counting(Eagle2Drafter):
+        def draft_tree(self, root_feature, nodes=None):
+            asked.append(nodes)
+            levels.append(0)
+            return super().draft_tree(root_feature, nodes)
+
+        def _feed_level(self, *args):
+            levels[-1] += 1
+            return super()._feed_level(*args)
+
+    drafter = Counting(tiny_model, head=random_head(tiny_model, 5), total_token=30, depth=4, top_k=3)
+    verify = Profile({}, [1, 2, 4, 32], [16], [[0.001, 0.001, 0.0012, 0.1]])  # more than 3 nodes never pay
+    auto = PlannedDrafter(drafter, verify, tiny_model.device, prior=(1000.0, 1000.0),  # a random head, believed
+                          clock=lambda: 0.0)  # drafting free
+    for prompt in prompts:
+        assert_lossless(tiny_model, auto, prompt, 40)
+    assert None in asked and {n for n in asked if n is not None} - {29}
+    assert levels == [4 if n is None else min(4, n - 1) for n in asked]
 
 
 def test_head_cache_equals_a_fresh_prefill_of_the_accepted_context(tiny_model, prompts, one_thread):

@@ -18,7 +18,7 @@ from methods.medusa.drafter import MedusaDrafter
 from methods.medusa.heads import MedusaHeads
 from tests.conftest import VOCAB
 from tests.drafters import recording
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.method_checks import assert_first_nodes_drafted_alike, assert_lossless, assert_lossless_on_smollm2
 
 
 def random_heads(seed: int = 0, num_heads: int = 4) -> HydraHeads:
@@ -40,6 +40,12 @@ def test_greedy_hydra_equals_vanilla(tiny_model, prompts, tree_size, one_thread)
         assert_lossless(tiny_model, drafter, prompt, 40)
         accepted += drafter.accepted
     assert 0 in accepted and max(accepted) >= 1
+
+
+@pytest.mark.parametrize("tree_size", [3, 63])
+def test_first_nodes_come_from_the_levels_they_need_alike(tiny_model, prompts, tree_size, one_thread):
+    drafter = HydraDrafter(tiny_model, choices="mc_sim_7b_63", tree_size=tree_size, heads=random_heads(4))
+    assert HydraDrafter.partial_drafts and assert_first_nodes_drafted_alike(tiny_model, drafter, prompts[0], 30) > 8
 
 
 def test_heads_read_the_draft_tokens_above_them(tiny_model):

@@ -14,7 +14,7 @@ from methods.medusa.drafter import MedusaDrafter
 from methods.medusa.heads import MedusaHeads
 from tests.conftest import VOCAB
 from tests.drafters import recording
-from tests.method_checks import assert_lossless, assert_lossless_on_smollm2
+from tests.method_checks import assert_first_nodes_drafted_alike, assert_lossless, assert_lossless_on_smollm2
 
 MC_SIM_7B_63 = TREES["mc_sim_7b_63"]
 
@@ -55,6 +55,12 @@ def test_greedy_medusa_equals_vanilla(tiny_model, prompts, tree_size, vocab_slic
     assert 0 in accepted and max(accepted) >= 1  # wrong trees and partly right ones both occurred
     if tree_size == 63 and vocab_slice is None:
         assert max(accepted) >= 2
+
+
+@pytest.mark.parametrize("tree_size", [4, 63])
+def test_first_nodes_come_from_the_heads_they_need_alike(tiny_model, prompts, tree_size, one_thread):
+    drafter = MedusaDrafter(tiny_model, choices=MC_SIM_7B_63, tree_size=tree_size, heads=random_heads(64, seed=3))
+    assert MedusaDrafter.partial_drafts and assert_first_nodes_drafted_alike(tiny_model, drafter, prompts[0], 30) > 8
 
 
 def test_drafter_uses_the_feature_of_the_last_accepted_token(tiny_model, prompts, one_thread):

@@ -8,6 +8,8 @@ from transformers import DynamicCache
 from bench.artifacts import PROJECT_ROOT
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.errors import MissingArtifactError
+from bench.planning.costmodel import Profile
+from bench.planning.policy import PlannedDrafter
 from methods.sps.draft import load_draft, resolve_draft_path, save_draft, slice_target
 from methods.sps.drafter import DraftModelDrafter
 from tests.conftest import make_tiny_model
@@ -69,6 +71,23 @@ def test_draft_cache_holds_exactly_the_accepted_context(tiny_model, prompts, dra
         for got, want in zip(drafter.cache.layers, fresh.layers):
             torch.testing.assert_close(got.keys, want.keys)
             torch.testing.assert_close(got.values, want.values)
+
+
+def test_sizing_auto_prices_each_chain_length_by_its_own_drafting(tiny_model, prompts, drafts, one_thread):
+    """SpS drafts only the k tokens a step asks for, so method.sizing=auto prices drafting per length: on a clock
+    that ticks once per draft forward, each length asked costs at most that many ticks, and several lengths were
+    asked."""
+    forwards = [0]
+    draft = slice_target(tiny_model, [0])
+    draft.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    verify = Profile({}, [1, 2, 4, 8], [16], [[0.001, 0.001, 0.0012, 0.01]])
+    auto = PlannedDrafter(DraftModelDrafter(tiny_model, draft_model=draft, num_draft_tokens=6, adaptive=False),
+                          verify, tiny_model.device, prior=(1000.0, 1000.0), clock=lambda: 1e-4 * forwards[0])
+    for prompt in prompts:
+        assert_lossless(tiny_model, auto, prompt, 30)
+    measured = auto.planner.size_draft_seconds
+    assert len(measured) > 1 and all(mean <= 1e-4 * size + 1e-12 for size, (mean, _) in measured.items())
+    assert auto.planner.drafting_seconds() != [auto.planner.draft_seconds] * (auto.planner.full_size + 1)
 
 
 def test_adaptive_gamma_follows_the_transformers_heuristic(tiny_model, prompts, drafts, one_thread):

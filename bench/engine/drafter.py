@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.engine.acceptance import Acceptance
-from bench.engine.tree import DraftTree
+from bench.engine.tree import DraftTree, first_nodes
 
 
 @dataclass
@@ -46,6 +46,9 @@ class Drafter:
     - `learns_in_warm_up`: what it learned in that untimed warm-up stays for the timed run (Spec-Bench's runners
       keep Token Recycling's matrix); False puts the drafter back as it was before the warm-up (SuffixDecoding,
       which Spec-Bench never ran: vLLM starts it from an empty global tree).
+    - `partial_drafts`: its `propose_first` drafts only the nodes asked for, so a cut tree costs less to draft than
+      the whole one (EAGLE-2's levels, SpS's chain); method.sizing=auto then prices drafting per size
+      (bench/planning/policy.py).
     """
 
     feature_layers: tuple[int, ...] = ()
@@ -53,6 +56,7 @@ class Drafter:
     artifact: str | None = None
     learns_across_prompts: bool = False
     learns_in_warm_up: bool = True
+    partial_drafts: bool = False
 
     def learned_state(self):
         """A copy of what it learned across prompts (learns_across_prompts), for restore_learned_state."""
@@ -66,6 +70,13 @@ class Drafter:
 
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         return None
+
+    def propose_first(self, context: list[int], max_tokens: int, nodes: int) -> DraftTree | None:
+        """The first `nodes` nodes of propose's tree (what method.sizing=auto verifies of it). A drafter whose first
+        nodes need less drafting than its whole tree (deeper levels left out) overrides it to draft only those, and
+        declares `partial_drafts`."""
+        tree = self.propose(context, max_tokens)
+        return None if tree is None else first_nodes(tree, nodes)
 
     def update(self, step: StepResult) -> None:
         """What the last verification step accepted."""

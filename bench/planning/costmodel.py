@@ -153,15 +153,17 @@ def predicted_speedup(records: list[dict], profile: Profile) -> float:
 
 
 def best_size(accept_probs: list[float], context: int, profile: Profile, aux: int = 0,
-              draft_seconds: float = 0.0, tree: bool = False) -> tuple[int, float]:
+              draft_seconds: float | list[float] = 0.0, tree: bool = False) -> tuple[int, float]:
     """(k, predicted tokens/s) for verifying the first k draft nodes: each step gives 1 + sum(accept_probs[:k])
     tokens (node i accepted with probability accept_probs[i]; parents come first, so the kept nodes' accepted path
-    is the full tree's, cut) and costs t(1 + k + aux, context) + draft_seconds (tree points with `tree`)."""
+    is the full tree's, cut) and costs t(1 + k + aux, context) + draft_seconds (tree points with `tree`):
+    one figure for any k, or a list by k (0 .. len(accept_probs)) for a drafter that drafts only the nodes kept."""
     best, best_rate, expected = 0, 0.0, 1.0
     for k in range(len(accept_probs) + 1):
         if k:
             expected += accept_probs[k - 1]
-        rate = expected / (profile.forward_seconds(1 + k + aux, context, tree) + draft_seconds)
+        drafting = draft_seconds[k] if isinstance(draft_seconds, list) else draft_seconds
+        rate = expected / (profile.forward_seconds(1 + k + aux, context, tree) + drafting)
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate

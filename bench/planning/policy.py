@@ -7,7 +7,11 @@ drafting time), t from the target's profile at the current context length (its t
 trees are not chains, or when every step passes a tree mask, as batched ones do), the rates counted over this run's
 verified nodes.
 When no k beats plain decoding (1 / t(1)), it stops calling the drafter at all until a probe. Chain drafters are
-asked for k tokens only (propose's `max_tokens` argument), so SpS stops paying for drafts it would cut.
+asked for k tokens only (propose's `max_tokens` argument), so SpS stops paying for drafts it would cut, and every
+drafter for its first k nodes (`propose_first`): EAGLE-2 and EAGLE-3 then draft only the levels those need, Medusa
+and Hydra only the heads. Such drafters declare it (`partial_drafts`, SpS too), and their drafting time is priced
+per size asked (the mean measured for each, linear between them) instead of one mean for every k, so that where
+verification is nearly free (bfloat16) a smaller tree can win by its drafting alone.
 
 Probes keep the estimates honest: the first `warmup_steps` steps and then a step whenever the probes' extra cost
 stays within `probe_share` of the time decoded since verify the whole tree. Lossless throughout: the target
@@ -20,11 +24,12 @@ the drafts actually returned.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from bench.engine.drafter import Drafter, start_drafter
 from bench.engine.timing import device_time
-from bench.engine.tree import DraftTree, first_nodes
+from bench.engine.tree import DraftTree
 from bench.planning.costmodel import Profile, best_size
 
 
@@ -34,9 +39,11 @@ class SpeculationPlanner:
     method.sizing=auto the batch-1 wrapper `PlannedDrafter` and the batched engine (bench/engine/batched.py) ask it."""
 
     def __init__(self, profile: Profile, probe_share: float = 0.03, warmup_steps: int = 4,
-                 prior: tuple[float, float] = (0.1, 1.0), masked_steps: bool = False):
+                 prior: tuple[float, float] = (0.1, 1.0), masked_steps: bool = False, partial_drafts: bool = False):
         self.profile, self.probe_share, self.warmup_steps, self.prior = profile, probe_share, warmup_steps, prior
         self.masked_steps = masked_steps  # every step's forward takes a tree mask (the batched engine's do)
+        self.partial_drafts = partial_drafts  # the drafter drafts only the nodes asked for: drafting priced per size
+        self.size_draft_seconds: dict[int, tuple[float, int]] = {}  # nodes asked -> (mean drafting seconds, steps)
         self.trees_drafted = False  # the drafter's last full tree was not a chain: its steps take a tree mask
         self.hits: list[float] = []  # per node index: times it was verified and accepted
         self.tries: list[float] = []  # per node index: times it was verified
@@ -63,12 +70,13 @@ class SpeculationPlanner:
         if rows > 1:
             share = (self.trees + 1) / (self.proposals + 1)
             probs = [q * share for q in probs]
-        k, rate = best_size(probs, context_len, self.profile, self.aux, self.draft_seconds, self._tree)
+        drafting = self.drafting_seconds()
+        k, rate = best_size(probs, context_len, self.profile, self.aux, drafting, self._tree)
         plain = self.profile.forward_seconds(1, context_len, self.masked_steps)
         draft = k > 0 and rate * plain > 1.0  # beats a plain step
-        step_seconds = self._forward(1 + k + self.aux, context_len) + self.draft_seconds if draft else plain
+        step_seconds = self._forward(1 + k + self.aux, context_len) + drafting[k] if draft else plain
         self.probe_credit += self.probe_share * step_seconds
-        probe_cost = self.draft_seconds + self._forward(1 + self.full_size + self.aux, context_len) - step_seconds
+        probe_cost = drafting[-1] + self._forward(1 + self.full_size + self.aux, context_len) - step_seconds
         self.steps += 1
         if self.steps <= self.warmup_steps or self.probe_credit >= probe_cost:
             if self.steps > self.warmup_steps:
@@ -76,6 +84,16 @@ class SpeculationPlanner:
             k, draft = None, True  # a probe: the whole tree
         self.plans.append(k if draft else -1)
         return k, draft
+
+    def drafting_seconds(self) -> list[float]:
+        """Drafting seconds of a step that verifies k = 0 .. full_size nodes: the mean of every drafted step for any
+        k, or, for a drafter with partial drafts, the means measured per size asked (probes: the whole tree's),
+        linear between measured sizes and the nearest one's outside them."""
+        if not (self.partial_drafts and self.size_draft_seconds):
+            return [self.draft_seconds] * (self.full_size + 1)
+        sizes = sorted(self.size_draft_seconds)
+        means = [self.size_draft_seconds[size][0] for size in sizes]
+        return [float(np.interp(k, sizes, means)) for k in range(self.full_size + 1)]
 
     @property
     def _tree(self) -> bool:
@@ -103,9 +121,11 @@ class SpeculationPlanner:
                 best, best_rate = k, rate
         return best
 
-    def drafted(self, seconds: float, full_trees: list[DraftTree] = (), rows: int = 1, trees: int = 1) -> None:
+    def drafted(self, seconds: float, full_trees: list[DraftTree] = (), rows: int = 1, trees: int = 1,
+                nodes: int | None = None) -> None:
         """A step's drafting time; on a probe, its whole trees (the largest sizes the next plans); batched, how many
-        rows were asked for a draft and how many returned one."""
+        rows were asked for a draft and how many returned one; `nodes`: the nodes the drafter was asked for (None:
+        the whole tree)."""
         self.proposals += rows
         self.trees += trees
         self.drafted_steps += 1
@@ -113,6 +133,9 @@ class SpeculationPlanner:
         for tree in full_trees:
             self.full_size, self.aux = max(self.full_size, len(tree)), len(tree.aux_tokens)
             self.trees_drafted = not tree.is_chain
+        size = self.full_size if nodes is None else nodes
+        mean, steps = self.size_draft_seconds.get(size, (0.0, 0))
+        self.size_draft_seconds[size] = (mean + (seconds - mean) / (steps + 1), steps + 1)
 
     def observe(self, tree: DraftTree | None, accepted_rows: list[int]) -> None:
         """Count which nodes of a verified tree were accepted (rows: the kept path's input rows, root first)."""
@@ -135,7 +158,8 @@ class PlannedDrafter(Drafter):
     def __init__(self, drafter, profile: Profile, device: torch.device, probe_share: float = 0.03,
                  warmup_steps: int = 4, prior: tuple[float, float] = (0.1, 1.0), clock=None):
         self.inner, self.device, self.clock = drafter, device, clock  # clock: for drafting seconds (tests fake it)
-        self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior)
+        self.planner = SpeculationPlanner(profile, probe_share, warmup_steps, prior,
+                                          partial_drafts=drafter.partial_drafts)
         self.feature_layers, self.samples, self.artifact = drafter.feature_layers, drafter.samples, drafter.artifact
         # warmed up and rewound as the drafter is
         self.learns_across_prompts, self.learns_in_warm_up = drafter.learns_across_prompts, drafter.learns_in_warm_up
@@ -162,12 +186,13 @@ class PlannedDrafter(Drafter):
         if not draft:
             return None
         start = device_time(self.device, self.clock)
-        tree = self.inner.propose(context, max_tokens if k is None else min(max_tokens, k + 1))
+        if k is None:
+            tree = self.inner.propose(context, max_tokens)
+        else:
+            tree = self.inner.propose_first(context, min(max_tokens, k + 1), k)
         seconds = device_time(self.device, self.clock) - start
-        self.planner.drafted(seconds, [tree] if k is None and tree is not None else [])
-        if tree is None or k is None:
-            return tree
-        return first_nodes(tree, k)
+        self.planner.drafted(seconds, [tree] if k is None and tree is not None else [], nodes=k)
+        return tree
 
     def update(self, step) -> None:
         self.planner.observe(step.tree, step.acceptance.rows)

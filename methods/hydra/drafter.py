@@ -5,7 +5,7 @@ import torch
 
 from bench.engine.kvcache import new_cache
 from bench.engine.sampling import SamplingConfig
-from bench.engine.tree import DraftTree
+from bench.engine.tree import DraftTree, first_nodes
 from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
@@ -19,6 +19,7 @@ class HydraDrafter(LastFeatureDrafter):
     With Hydra++ heads, h_t is the prefix layer's output, its cache fed the target's features of the accepted rows."""
 
     knob_rules = {"choices": null_or(choices_rule), "tree_size": null_or(at_least(1))}
+    partial_drafts = True  # propose_first runs only the heads its nodes need
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: HydraHeads | None = None, vocab: DraftVocabulary | None = None):
@@ -65,19 +66,24 @@ class HydraDrafter(LastFeatureDrafter):
             node = self.template.parents[node]
         return path[::-1]
 
-    @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
-        if max_tokens <= 1:
+        return self.propose_first(context, max_tokens, len(self.template))
+
+    @torch.inference_mode()
+    def propose_first(self, context: list[int], max_tokens: int, nodes: int) -> DraftTree | None:
+        """The tree's first `nodes` nodes, from the levels (heads) down to the deepest of them only."""
+        if max_tokens <= 1 or nodes < 1:
             return None
+        depth = self.template.depths[nodes - 1]
         root = self.embed(torch.tensor([context[-1]], device=self.hidden.device))  # [1, H]
         tokens = torch.zeros(len(self.template), dtype=torch.long, device=self.hidden.device)
-        for head, (nodes, paths, parent_rows, ranks, top_k) in enumerate(self.levels):
+        for head, (nodes_at, paths, parent_rows, ranks, top_k) in enumerate(self.levels[:depth]):
             rows = paths.shape[0]
             path_embeds = torch.cat([root.expand(rows, 1, -1), self.embed(tokens[paths])], dim=1)  # [rows, head+1, H]
             logits = self.heads.logits(self.hidden.expand(rows, -1), path_embeds, self.vocab, head)
             candidates = self.vocab.to_token_ids(logits.topk(top_k, dim=-1).indices)  # [rows, top_k]
-            tokens[nodes] = candidates[parent_rows, ranks]
-        return self.template.with_tokens(tokens.tolist())
+            tokens[nodes_at] = candidates[parent_rows, ranks]
+        return first_nodes(self.template.with_tokens(tokens.tolist()), nodes)
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> HydraDrafter:

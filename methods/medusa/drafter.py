@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from bench.engine.sampling import SamplingConfig
-from bench.engine.tree import DeviceTokens, DraftTree
+from bench.engine.tree import DeviceTokens, DraftTree, first_nodes
 from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
@@ -17,27 +17,39 @@ class MedusaDrafter(LastFeatureDrafter):
     """Proposes Medusa's static tree: node (head k, rank r) is head k's r-th most likely token."""
 
     knob_rules = {"choices": null_or(choices_rule), "tree_size": null_or(at_least(1))}
+    partial_drafts = True  # propose_first runs only the heads its nodes need
 
     def __init__(self, target, tokenizer=None, checkpoint: str = "", choices: str | list[list[int]] | None = None,
                  tree_size: int | None = None, heads: MedusaHeads | None = None, vocab: DraftVocabulary | None = None):
         check_knobs(MedusaDrafter, choices=choices, tree_size=tree_size)
         self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
         self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
-        self.num_used_heads = int(node_heads.max()) + 1
         self.top_k = int(node_ranks.max()) + 1
         device = target.device
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
+        self.templates: dict[int, DraftTree] = {}  # template_of's
 
-    @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         """The static tree with this step's candidates, left on the device: the engine reads them back with its
         acceptance copy, so drafting makes no host sync."""
-        if max_tokens <= 1:
+        return self.propose_first(context, max_tokens, len(self.template))
+
+    @torch.inference_mode()
+    def propose_first(self, context: list[int], max_tokens: int, nodes: int) -> DraftTree | None:
+        """The tree's first `nodes` nodes, from the heads down to the deepest of them only."""
+        if max_tokens <= 1 or nodes < 1:
             return None
+        heads = int(self.node_heads[nodes - 1]) + 1
         candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
-                                  for k in range(self.num_used_heads)])  # [heads, top_k]
-        tokens = self.vocab.to_token_ids(candidates[self.node_heads, self.node_ranks])  # [n]
-        return self.template.with_tokens(DeviceTokens(tokens))
+                                  for k in range(heads)])  # [heads, top_k]
+        tokens = self.vocab.to_token_ids(candidates[self.node_heads[:nodes], self.node_ranks[:nodes]])  # [nodes]
+        return self.template_of(nodes).with_tokens(DeviceTokens(tokens))
+
+    def template_of(self, nodes: int) -> DraftTree:
+        """The static tree's first `nodes` nodes, made once per size (masks and positions built once too)."""
+        if nodes not in self.templates:
+            self.templates[nodes] = first_nodes(self.template, nodes)
+        return self.templates[nodes]
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> MedusaDrafter:

@@ -25,6 +25,7 @@ class DraftModelDrafter(Drafter):
     knob_rules = {"num_draft_tokens": at_least(1)}
 
     samples = True
+    partial_drafts = True  # asked for k tokens (max_tokens = k + 1), it drafts k: one draft forward each
 
     def __init__(self, target, tokenizer=None, draft_path: str | None = None, num_draft_tokens: int = 5,
                  adaptive: bool = True, sampling: SamplingConfig | None = None, seed: int | None = None,
