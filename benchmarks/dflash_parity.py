@@ -24,15 +24,15 @@ from pathlib import Path
 import torch
 
 from bench.config import compose_config
-from bench.engine.loop import SpeculativeEngine
 from bench.models import load_model
 from benchmarks.upstream_driver import forwards_until_done, running_sums
 from benchmarks.vs_upstream import (
     Comparison,
     Setup,
-    acceptance_shares,
+    acceptance_note,
     counted_output,
     decode_step_lengths,
+    engine_outputs,
     side_outputs,
     side_venv,
 )
@@ -102,15 +102,13 @@ def comparisons(setup: Setup, tmp: Path) -> list[Comparison]:
     block, rows = json.loads((copy / "config.json").read_text())["block_size"], []
     for label, folder in (("whole vocabulary (the published copy) on both sides", copy),
                           ("ours over the committed draft vocabulary, upstream's whole", checkpoint)):
-        outs = [SpeculativeEngine(setup.model, DFlashDrafter(setup.model, checkpoint=str(folder))).generate(p, stop)
-                for p in setup.prompts]
-        steps = [decode_step_lengths(o) for o in outs]
-        same = sum(mine == r["steps"] for mine, r in zip(steps, theirs))
-        note = (f"dflash, {label}: steps equal in {same}/{len(theirs)} prompts, first blocks equal {blocks}/"
-                f"{len(theirs)}; steps accepting >= 1 / 2 / 3 / 4 drafts: ours {acceptance_shares(steps, 4)}, "
-                f"upstream {acceptance_shares([r['steps'] for r in theirs], 4)}")
+        outs = engine_outputs(setup, lambda folder=folder: DFlashDrafter(setup.model, checkpoint=str(folder)))
+        same = sum(decode_step_lengths(o) == r["steps"] for o, r in zip(outs, theirs))
+        notes = [f"dflash, {label}: steps equal in {same}/{len(theirs)} prompts, first blocks equal {blocks}/"
+                 f"{len(theirs)}",
+                 acceptance_note(f"dflash, {label}", outs, [r["steps"] for r in theirs], 4, "upstream")]
         rows.append(Comparison("dflash", f"block {block}, {label}, vs dflash 0.1.0 dflash_generate",
-                               [counted_output(o, stop.max_new_tokens) for o in outs], their_counts, [note]))
+                               [counted_output(o, stop.max_new_tokens) for o in outs], their_counts, notes))
     return rows
 
 

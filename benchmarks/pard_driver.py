@@ -99,13 +99,12 @@ def comparisons(setup, tmp: Path) -> list:
     """The `pard` rows of vs_upstream: per K, our engine and upstream's loop (in its side environment)."""
     from bench.artifacts import cache_dir
     from bench.config import compose_config
-    from bench.engine.loop import SpeculativeEngine
     from benchmarks.upstream_driver import forwards_until_done, running_sums
     from benchmarks.vs_upstream import (
         Comparison,
-        acceptance_shares,
+        acceptance_note,
         counted_output,
-        decode_step_lengths,
+        engine_outputs,
         required_checkout,
         side_model_dir,
         side_outputs,
@@ -124,14 +123,12 @@ def comparisons(setup, tmp: Path) -> list:
     upstream = side_outputs(side_venv("pard-venv", PARD_PINS), ["-m", "benchmarks.pard_driver"], job, tmp, "pard")
     rows = []
     for k in KS:
-        outs = [SpeculativeEngine(setup.model, ParallelDraftDrafter(setup.model, draft_path=draft, num_draft_tokens=k))
-                .generate(p, stop) for p in setup.prompts]
+        outs = engine_outputs(setup, lambda k=k: ParallelDraftDrafter(setup.model, draft_path=draft,
+                                                                      num_draft_tokens=k))
         theirs = upstream[str(k)]
         # upstream's first step is its prefill: no forward before it
         their_counts = [(r["tokens"], forwards_until_done(running_sums(r["steps"]), r["tokens"]) - 1) for r in theirs]
-        note = (f"pard K={k}: steps accepting >= 1 / 2 / 3 drafts: ours "
-                f"{acceptance_shares([decode_step_lengths(o) for o in outs], 3)}, pard_infer.py "
-                f"{acceptance_shares([r['steps'] for r in theirs], 3)}")
+        note = acceptance_note(f"pard K={k}", outs, [r["steps"] for r in theirs], 3, "pard_infer.py")
         rows.append(Comparison("pard", f"K={k}, {draft} vs AMD-AGI/PARD pard_infer.py --para --nc",
                                [counted_output(o, stop.max_new_tokens) for o in outs], their_counts, [note]))
     return rows

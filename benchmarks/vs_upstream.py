@@ -393,6 +393,11 @@ def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition)
     return [counted_output(out, stop.max_new_tokens) for out in outputs]
 
 
+def engine_outputs(setup, make_drafter) -> list:
+    """Our engine's TurnOutput of each of `setup`'s prompts, a fresh drafter (make_drafter()) for each."""
+    return [SpeculativeEngine(setup.model, make_drafter()).generate(p, setup.stop) for p in setup.prompts]
+
+
 def counted_output(out, max_new_tokens: int) -> tuple[list[int], int]:
     """(tokens up to max_new_tokens, target forwards until they were known: the prefill, then the decode steps) of
     one of our engine's TurnOutputs."""
@@ -437,6 +442,13 @@ def acceptance_shares(step_lengths: list[list[int]], positions: int) -> str:
     that accepted at least i drafts, as "a / b / ..."."""
     steps = [n - 1 for lengths in step_lengths for n in lengths]
     return " / ".join(f"{sum(n >= i for n in steps) / max(len(steps), 1):.3f}" for i in range(1, positions + 1))
+
+
+def acceptance_note(label: str, ours: list, their_steps: list[list[int]], positions: int, upstream: str) -> str:
+    """`label`: acceptance_shares of our TurnOutputs beside upstream's (its tokens per step, per prompt)."""
+    return (f"{label}: steps accepting >= {' / '.join(map(str, range(1, positions + 1)))} drafts: ours "
+            f"{acceptance_shares([decode_step_lengths(o) for o in ours], positions)}, {upstream} "
+            f"{acceptance_shares(their_steps, positions)}")
 
 
 @dataclasses.dataclass

@@ -10,6 +10,7 @@ from benchmarks.redrafter_vs_upstream import beam_agreement
 from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
 from benchmarks.vs_upstream import (
     Comparison,
+    acceptance_note,
     acceptance_shares,
     counted_output,
     decode_step_lengths,
@@ -89,6 +90,9 @@ def test_acceptance_shares_count_steps_accepting_at_least_each_position():
     # tokens per step 1, 2, 3, 1 (the bonus token included): 0, 1, 2, 0 drafts accepted
     assert acceptance_shares([[1, 2], [3, 1]], 3) == "0.500 / 0.250 / 0.000"
     assert acceptance_shares([], 2) == "0.000 / 0.000"
+    ours = [SimpleNamespace(tokens=[1, 2, 3, 4], accept_lengths=[1, 3])]  # one step accepting 2 drafts
+    assert acceptance_note("pard K=2", ours, [[2, 1]], 2, "pard_infer.py") == (
+        "pard K=2: steps accepting >= 1 / 2 drafts: ours 1.000 / 1.000, pard_infer.py 0.500 / 0.000")
 
 
 def test_a_missing_upstream_checkout_says_how_to_get_it(tmp_path):
