@@ -1,8 +1,8 @@
 """One head, two engines: our engine and vLLM (its CPU build, launched by the harness: conf/server/vllm_cpu_*.yaml)
-run the same EAGLE-3 head, the same SpS or PARD draft or SuffixDecoding as a chain of up to k drafts, greedy, on
-the same prompts, each against its own baseline interleaved (python -m bench, one run at a time); then
-per-position acceptance, #MAT and tokens/s side by side, and where the engines' per-position acceptance differs by
-more than --tolerance.
+run the same EAGLE-3 head, the same SpS or PARD draft, DFlash drafter or SuffixDecoding as a chain of up to k
+drafts, greedy, on the same prompts, each against its own baseline interleaved (python -m bench, one run at a time);
+then per-position acceptance, #MAT and tokens/s side by side, and where the engines' per-position acceptance differs
+by more than --tolerance.
 
     bash benchmarks/build_vllm_cpu.sh      # once
     python -m benchmarks.cross_engine [--k 3] [--task all] [--limit 5] [--max-new-tokens 128] [--heads eagle3,sps]
@@ -21,7 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
+from bench.config import compose_config
 from bench.records import read_jsonl
+from methods.dflash.checkpoints import published_copy
 
 # Per head: our engine's method as a chain of k drafts, and the vLLM server loading the same head or draft. EAGLE's
 # tree knobs count as upstream's do: total_token verified tokens with the root (k drafts: k + 1), levels 1 + depth.
@@ -33,6 +35,11 @@ HEADS = {
             ["backend=server", "server=vllm_cpu_draft", "server.num_speculative_tokens={k}"]),
     "pard": (["method=pard", "method.drafter.num_draft_tokens={k}"],
              ["backend=server", "server=vllm_cpu_pard", "server.num_speculative_tokens={k}"]),
+    # DFlash: a block of k + 1 (the root and k masks), our drafter on the published copy vLLM loads (whole vocabulary)
+    "dflash": (["method=dflash", "method.drafter.checkpoint={dflash_published}",
+                "method.drafter.block_size={k_plus_1}"],
+               ["backend=server", "server=vllm_cpu_dflash", "server.draft={dflash_published}",
+                "server.num_speculative_tokens={k}"]),
     # SuffixDecoding drafts up to k tokens, a chain, from its trees (vLLM's default k for it: 24, its tree depth).
     # No warm-up on either side: vLLM's global tree would keep the warm-up request's answer, ours drops it.
     "suffix": (["method=suffix", "method.drafter.num_speculative_tokens={k}", "method.drafter.use_tree_spec=false",
@@ -63,10 +70,18 @@ def run_dir(args: argparse.Namespace, head: str, engine: str) -> Path:
 def bench_command(args: argparse.Namespace, head: str, engine: str) -> list[str]:
     """`python -m bench ...` for one head in one engine, greedy, on the shared prompts."""
     overrides = HEADS[head][ENGINES.index(engine)]
-    filled = (o.format(k=args.k, k_plus_1=args.k + 1, k_minus_1=args.k - 1) for o in overrides)
+    published = dflash_published(args.model) if head == "dflash" else None
+    filled = (o.format(k=args.k, k_plus_1=args.k + 1, k_minus_1=args.k - 1, dflash_published=published)
+              for o in overrides)
     return [sys.executable, "-m", "bench", *filled, f"model={args.model}",
             f"task={args.task}", f"task.limit={args.limit}", f"gen.max_new_tokens={args.max_new_tokens}",
             "gen.temperature=0", f"out_dir={run_dir(args, head, engine)}"]
+
+
+def dflash_published(model: str) -> Path:
+    """The published-layout copy of the DFlash drafter method=dflash runs on `model` (what vLLM loads)."""
+    checkpoint = compose_config("method=dflash", f"model={model}").method.drafter.checkpoint
+    return published_copy(PROJECT_ROOT / checkpoint)
 
 
 def overall_row(folder: Path, head: str, engine: str, k: int) -> dict:

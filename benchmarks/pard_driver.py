@@ -1,36 +1,29 @@
-"""PARD beside AMD's own inference loop: our engine with method=pard and upstream's `pard/pard_infer.py`
-(`PardInfer.generate`, `--para`, greedy) decode the same prompt ids with the same target and PARD draft, on this
-CPU; prints both #MAT (tokens per target forward, the prefill included), per-position acceptance and whether the
-tokens are equal.
+"""PARD beside AMD's own inference loop, the `pard` rows of benchmarks/vs_upstream.py: our engine with method=pard and
+upstream's `pard/pard_infer.py` (`PardInfer.generate`, `--para`, greedy) decode vs_upstream's prompt ids with the
+same target and PARD draft, at K = 2 (ours on this CPU, conf/method_model/pard) and 12 (upstream's draft_k default);
+besides the row, the share of steps accepting at least 1..3 drafts on each side.
 
-    python -m venv --system-site-packages ~/.cache/specbench/pard-venv   # once; this machine's torch
-    ~/.cache/specbench/pard-venv/bin/pip install --no-deps loguru==0.7.3 click transformers==4.53.3 \\
-        tokenizers==0.21.4 huggingface-hub==0.36.2   # what pard_infer.py needs (it sets cache_position, which
-                                                     # transformers 5 no longer reads)
-    git -C <AMD-AGI/PARD checkout> archive HEAD pard | tar -x -C ~/.cache/specbench/upstream/PARD
-    python -m benchmarks.pard_driver [--draft artifacts/pard/smollm2_135m] [--k 8] [--questions 81,82]
-        [--max-new-tokens 64] [--pard <checkout>] [--python <the side environment's python>]
+    OMP_NUM_THREADS=1 python -m benchmarks.vs_upstream --methods pard
 
-Upstream's loop (run in the side environment by this file's `--upstream` mode) is CUDA-only as written; it runs
-unchanged but for what is swapped in from outside: `torch.cuda.synchronize` a no-op, its models loaded by its own
-`model_init` on the CPU in float32 (eager attention, its StaticCache), `--nc` (no torch.compile), its `get_input`
-handing it our prompt ids (our chat template; MT-bench, turn 2 after vanilla's turn-1 answer, as
-benchmarks/vs_upstream.py builds them) and a tokenizer whose `decode` records the ids it is given (upstream decodes
-each answer once, at its end). Its per-step accepted counts are read from its own log lines. Both sides load the
-same folders: the dequantized target (vs_upstream.side_model_dir) and our draft written out with the target's
-embedding (methods/sps/draft.standalone_draft; config in transformers 4's spelling). Two differences in the loops,
-not in drafting: upstream drafts already at its prefill (its first target forward verifies K drafts; ours gives the
-first token alone), and it decodes past max_new_tokens by up to K tokens (tokens are compared up to
-max_new_tokens, forwards counted until they were known).
+needs an AMD-AGI/PARD checkout (its `pard` folder is enough) in $SPECBENCH_CACHE/upstream/PARD (measured at commit
+6f279bf). Upstream's loop runs in the side
+environment $SPECBENCH_CACHE/pard-venv (made on first use with PARD_PINS; this machine's torch; transformers 4:
+upstream sets cache_position, which transformers 5 no longer reads) as `python -m benchmarks.pard_driver JOB OUT`,
+so this module imports the project only inside `comparisons`. It is CUDA-only as written; it runs unchanged but for
+what is swapped in from outside: `torch.cuda.synchronize` a no-op, its models loaded by its own `model_init` on the
+CPU in float32 (eager attention, its StaticCache), `--nc` (no torch.compile), its `get_input` handing it our prompt
+ids and a tokenizer whose `decode` records the ids it is given (upstream decodes each answer once, at its end). Its
+per-step accepted counts are read from its own log lines. Both sides load the same folders: the dequantized target
+(vs_upstream.side_model_dir) and our draft written out with the target's embedding
+(methods/sps/draft.standalone_draft; config in transformers 4's spelling). Two differences in the loops, not in
+drafting: upstream drafts already at its prefill (its first target forward verifies K drafts; ours gives the first
+token alone), and it decodes past max_new_tokens by up to K tokens (tokens are compared up to max_new_tokens,
+forwards counted until they were known).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -45,9 +38,9 @@ class RecordingTokenizer:
         return ""
 
 
-def upstream_outputs(job: dict) -> list[dict]:
+def upstream_outputs(job: dict, k: int) -> list[dict]:
     """{"tokens": new tokens, "steps": accepted tokens per step} of each prompt through upstream's
-    PardInfer.generate on the CPU (run in the side environment)."""
+    PardInfer.generate with `k` drafts a step on the CPU (run in the side environment)."""
     import torch
     from transformers.utils import import_utils
 
@@ -61,7 +54,7 @@ def upstream_outputs(job: dict) -> list[dict]:
     logger.remove()
     logger.add(lambda message: steps.append(int(message.record["message"].split(":")[1]))
                if message.record["message"].startswith("[accept token num]") else None)
-    k, max_new_tokens, eos, prompts = job["k"], job["max_new_tokens"], job["eos"], job["prompts"]
+    max_new_tokens, eos, prompts = job["max_new_tokens"], job["eos"], job["prompts"]
     length = max(len(p) for p in prompts) + max_new_tokens + 2 * k + 64  # its loop leaves 32 of max_cache_len free
     infer = pard_infer.PardInfer(k, max_new_tokens, job["draft_dir"], job["target_dir"], None, para=True, nc=True,
                                  max_cache_len=length, model_serie="specbench")
@@ -97,77 +90,54 @@ def transformers4_copy(folder: Path, out: Path) -> Path:
     return out
 
 
-def position_acceptance(step_lengths: list[list[int]], k: int) -> list[float]:
-    """Per draft position i (1..k): the share of steps that accepted at least i drafts."""
-    steps = [n - 1 for lengths in step_lengths for n in lengths]
-    return [sum(n >= i for n in steps) / max(len(steps), 1) for i in range(1, k + 1)]
+PARD_PINS = ("loguru==0.7.3", "transformers==4.53.3", "tokenizers==0.21.4", "huggingface-hub==0.36.2")
+PARD_GET = "git clone https://github.com/AMD-AGI/PARD {dir}"
+KS = (2, 12)  # ours on this CPU; upstream's draft_k default
 
 
-def compare(args: argparse.Namespace) -> None:
-    """Our side here, upstream's in the side environment, then the table."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from bench.artifacts import PROJECT_ROOT
-    from bench.engine.loop import SpeculativeEngine, StopCondition
-    from bench.models import eos_token_ids, load_model
+def comparisons(setup, tmp: Path) -> list:
+    """The `pard` rows of vs_upstream: per K, our engine and upstream's loop (in its side environment)."""
+    from bench.artifacts import cache_dir
+    from bench.config import compose_config
     from benchmarks.upstream_driver import forwards_until_done, running_sums
-    from benchmarks.vs_upstream import decode_step_lengths, divergence, mt_bench_prompts, side_model_dir
+    from benchmarks.vs_upstream import (
+        Comparison,
+        acceptance_note,
+        counted_output,
+        engine_outputs,
+        required_checkout,
+        side_model_dir,
+        side_outputs,
+        side_venv,
+    )
     from methods.pard.drafter import ParallelDraftDrafter
     from methods.sps.draft import standalone_draft
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
-    model, tokenizer = load_model(cfg, torch.device("cpu"))
-    eos = sorted(eos_token_ids(model, tokenizer))
-    prompts = mt_bench_prompts(model, tokenizer, [int(q) for q in args.questions.split(",")], args.max_new_tokens,
-                               eos)
-    stop = StopCondition(args.max_new_tokens, frozenset(eos))
-    ours = [SpeculativeEngine(model, ParallelDraftDrafter(model, draft_path=args.draft, num_draft_tokens=args.k))
-            .generate(p, stop) for p in prompts]
-    our_steps = [decode_step_lengths(out) for out in ours]
-    our_forwards = [forwards_until_done(running_sums(lengths, start=1), out.tokens)
-                    for lengths, out in zip(our_steps, ours)]
-    target_dir = side_model_dir(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        draft_dir = transformers4_copy(standalone_draft(args.draft, target_dir), Path(tmp) / "draft")
-        job = {"pard_dir": str(Path(args.pard).expanduser()), "target_dir": str(target_dir),
-               "draft_dir": str(draft_dir), "k": args.k, "max_new_tokens": args.max_new_tokens, "eos": eos[0],
-               "prompts": prompts}
-        (Path(tmp) / "job.json").write_text(json.dumps(job))
-        subprocess.run([str(Path(args.python).expanduser()), __file__, "--upstream", str(Path(tmp) / "job.json")],
-                       check=True)
-        theirs = json.loads((Path(tmp) / "job.json.out").read_text())
-    # upstream's first step is its prefill: no forward before it
-    their_forwards = [forwards_until_done(running_sums(r["steps"]), r["tokens"]) - 1 for r in theirs]
-    our_mat = sum(len(out.tokens) for out in ours) / sum(our_forwards)
-    their_mat = sum(len(r["tokens"]) for r in theirs) / sum(their_forwards)
-    print(f"{len(prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, greedy, "
-          f"float32, SmolLM2-135M, draft {args.draft}, K = {args.k}")
-    print("| side | #MAT | steps accepting >= 1 / 2 / 3 / 4 drafts | tokens equal |")
-    print("| --- | --- | --- | --- |")
-    equal = divergence([out.tokens for out in ours], [r["tokens"] for r in theirs])
-    for name, mat, lengths in (("ours", our_mat, our_steps),
-                               ("pard_infer.py", their_mat, [r["steps"] for r in theirs])):
-        shares = " / ".join(f"{share:.3f}" for share in position_acceptance(lengths, args.k)[:4])
-        print(f"| {name} | {mat:.3f} | {shares} | {equal} |")
+    checkout = required_checkout(cache_dir() / "upstream" / "PARD", "pard/pard_infer.py", PARD_GET)
+    draft = compose_config("method=pard", "model=smollm2_135m").method.drafter.draft_path
+    target_dir = side_model_dir(setup.model_cfg)
+    stop = setup.stop
+    job = {"pard_dir": str(checkout), "target_dir": str(target_dir), "ks": list(KS), "prompts": setup.prompts,
+           "draft_dir": str(transformers4_copy(standalone_draft(draft, target_dir), tmp / "pard-draft")),
+           "max_new_tokens": stop.max_new_tokens, "eos": min(stop.eos_token_ids)}
+    upstream = side_outputs(side_venv("pard-venv", PARD_PINS), ["-m", "benchmarks.pard_driver"], job, tmp, "pard")
+    rows = []
+    for k in KS:
+        outs = engine_outputs(setup, lambda k=k: ParallelDraftDrafter(setup.model, draft_path=draft,
+                                                                      num_draft_tokens=k))
+        theirs = upstream[str(k)]
+        # upstream's first step is its prefill: no forward before it
+        their_counts = [(r["tokens"], forwards_until_done(running_sums(r["steps"]), r["tokens"]) - 1) for r in theirs]
+        note = acceptance_note(f"pard K={k}", outs, [r["steps"] for r in theirs], 3, "pard_infer.py")
+        rows.append(Comparison("pard", f"K={k}, {draft} vs AMD-AGI/PARD pard_infer.py --para --nc",
+                               [counted_output(o, stop.max_new_tokens) for o in outs], their_counts, [note]))
+    return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft", default="artifacts/pard/smollm2_135m")
-    parser.add_argument("--k", type=int, default=8, help="draft tokens per step (upstream's draft_k)")
-    parser.add_argument("--questions", default="81,82", help="question ids (MT-bench: 81-160)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--pard", default="~/.cache/specbench/upstream/PARD", help="an AMD-AGI/PARD checkout")
-    parser.add_argument("--python", default="~/.cache/specbench/pard-venv/bin/python", help="the side environment")
-    parser.add_argument("--upstream", default=None, help=argparse.SUPPRESS)  # the side environment's job file
-    args = parser.parse_args()
-    if args.upstream:
-        job = json.loads(Path(args.upstream).read_text())
-        Path(args.upstream + ".out").write_text(json.dumps(upstream_outputs(job)))
-    else:
-        compare(args)
+    """The side environment's part: JOB.json's prompts through upstream's loop at each K, to OUT.json."""
+    job = json.loads(Path(sys.argv[1]).read_text())
+    Path(sys.argv[2]).write_text(json.dumps({str(k): upstream_outputs(job, k) for k in job["ks"]}))
 
 
 if __name__ == "__main__":

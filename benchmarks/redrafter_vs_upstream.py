@@ -1,21 +1,23 @@
-"""ReDrafter beside apple/ml-recurrent-drafter's PyTorch code: the same drafter, target and prompt ids, greedy.
+"""ReDrafter beside apple/ml-recurrent-drafter's PyTorch code, the `redrafter` rows of benchmarks/vs_upstream.py: the
+same drafter, target and prompt ids, greedy, at beams 4 x 4 (SmolLM2's CPU setting) and 45 x 5 (upstream's
+documented run, conf/method/redrafter.yaml).
 
-    <python with jsonlines and tabulate> -m benchmarks.redrafter_vs_upstream --upstream DIR [--beam 4x4,45x5]
+    OMP_NUM_THREADS=1 python -m benchmarks.vs_upstream --methods redrafter
 
-DIR is a checkout of apple/ml-recurrent-drafter (its `recurrent_drafting` package, which needs torch, transformers,
-jsonlines and tabulate; a venv with --system-site-packages and `pip install --no-deps jsonlines tabulate` is enough).
-Our committed SmolLM2 drafter is rewritten in upstream's layout (methods/redrafter/to_upstream.py) and loaded by
-upstream's `AutoModel` registration; the target is SmolLM2-135M in float32, dequantized once (benchmarks/vs_upstream.py
-`side_model_dir`) and loaded by upstream's own Llama (`recurrent_drafting.modeling_llama`), run by
+needs a checkout of apple/ml-recurrent-drafter (its `recurrent_drafting` package is enough; measured at bd8586b) in
+$SPECBENCH_CACHE/redrafter-upstream. Upstream runs in the side environment $SPECBENCH_CACHE/redrafter-upstream/venv
+(made on first use: this machine's torch and transformers plus REDRAFTER_PINS, what the package imports) as `python -m
+benchmarks.redrafter_vs_upstream JOB OUT`. Our committed SmolLM2 drafter is rewritten in upstream's layout
+(methods/redrafter/to_upstream.py) and built as upstream's Drafter; the target is the dequantized SmolLM2-135M
+(vs_upstream `side_model_dir`) loaded by upstream's own Llama (`recurrent_drafting.modeling_llama`), run by
 `RecurrentDrafting.generate` with greedy_search=True. Ours is `SpeculativeEngine` with `ReDrafterDrafter` on our
-loaded target. Both decode MT-bench 81-82, both turns (benchmarks/vs_upstream.py `mt_bench_prompts`), 64 tokens;
-upstream stops at the tokenizer's one EOS (ours at any of the target's). Printed per beam shape: #MAT (tokens per
-target forward, the prefill included, docs/parity.md), whether the tokens are equal, and whether the first proposal
-(the beams at the prompt's end) is equal.
+loaded target. Upstream stops at the tokenizer's one EOS (ours at any of the target's). Besides each row: whether the
+first proposal (the beams at the prompt's end) is equal, and at every position where both sides drafted full-length
+beams, whether the whole beam tensor is; and once, the largest difference between the last hidden state of
+upstream's prefill of the first prompt and ours.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,14 +27,24 @@ from safetensors.torch import load_file
 
 from bench.artifacts import cache_dir
 from bench.config import compose_config
-from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.models import eos_token_ids, load_model
-from benchmarks.upstream_driver import cut, forwards_until_done, running_sums
-from benchmarks.vs_upstream import decode_step_lengths, mt_bench_prompts, rope_theta, side_model_dir
+from bench.engine.loop import SpeculativeEngine
+from benchmarks.upstream_driver import cut, forwards_until_done
+from benchmarks.vs_upstream import (
+    Comparison,
+    Setup,
+    counted_output,
+    required_checkout,
+    rope_theta,
+    side_model_dir,
+    side_outputs,
+    side_venv,
+)
 from methods.redrafter.drafter import ReDrafterDrafter
 from methods.redrafter.to_upstream import write_upstream_layout
 
-MAX_NEW_TOKENS = 64
+REDRAFTER_PINS = ("jsonlines==4.0.0", "tabulate==0.10.0")
+REDRAFTER_GET = "git clone https://github.com/apple/ml-recurrent-drafter {dir}"
+BEAMS = [[4, 4], [45, 5]]  # SmolLM2's CPU setting; upstream's documented run
 # upstream masks its pad id out of the attention; SmolLM2's prompts hold every special token (EOS ends each turn), so
 # the pad is an id no prompt has (batch 1: upstream never writes it)
 NO_PAD = -1
@@ -62,9 +74,9 @@ def upstream_models(upstream: Path, model_dir: Path, drafter_dir: Path, theta: f
     return recurrent_drafting.recurrent_drafting.RecurrentDrafting(llm=llm, drafter=drafter).eval(), recurrent_drafting
 
 
-def upstream_run(model, package, prompt: list[int], width: int, length: int,
-                 eos: int) -> tuple[list[int], int, dict[int, list]]:
-    """(tokens cut at MAX_NEW_TOKENS or EOS, target forwards until they were known, {new tokens known: the beams
+def upstream_run(model, package, prompt: list[int], width: int, length: int, eos: int,
+                 max_new_tokens: int) -> tuple[list[int], int, dict[int, list]]:
+    """(tokens cut at max_new_tokens or EOS, target forwards until they were known, {new tokens known: the beams
     drafted there}) of upstream's greedy loop."""
     beam = package.modeling_drafter.BeamShape(width, length)
     args = package.recurrent_drafting.SamplingArgs(1.0, True)
@@ -80,11 +92,11 @@ def upstream_run(model, package, prompt: list[int], width: int, length: int,
     model.drafter.beam_search_candidates = recording
     try:
         for output in model.generate(package.stats.Ledger(), torch.tensor([prompt]),
-                                     len(prompt) + MAX_NEW_TOKENS, beam, args, special):
+                                     len(prompt) + max_new_tokens, beam, args, special):
             known.append(output.shape[1] - len(prompt))
     finally:
         del model.drafter.beam_search_candidates
-    tokens = cut(output[0, len(prompt):].tolist(), eos, MAX_NEW_TOKENS)
+    tokens = cut(output[0, len(prompt):].tolist(), eos, max_new_tokens)
     return tokens, forwards_until_done(known, tokens), dict(zip([1, *known], drafted))
 
 
@@ -109,8 +121,7 @@ def our_run(engine, drafter: ReDrafterDrafter, prompt: list[int], stop) -> tuple
         out = engine.generate(prompt, stop)
     finally:
         del drafter.propose, drafter.beams
-    tokens = out.tokens[:MAX_NEW_TOKENS]
-    return tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens), drafted
+    return (*counted_output(out, stop.max_new_tokens), drafted)
 
 
 def upstream_prefill(model, package, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,49 +136,65 @@ def upstream_prefill(model, package, prompt: list[int]) -> tuple[torch.Tensor, t
             llm, torch.tensor([prompt]), cache, package.recurrent_drafting.SamplingArgs(1.0, True), NO_PAD)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream", required=True, help="a checkout of apple/ml-recurrent-drafter")
-    parser.add_argument("--beam", default="4x4,45x5", help="beam shapes WIDTHxLENGTH, comma-separated")
-    parser.add_argument("--checkpoint", help="our drafter (default: the committed one, conf/method_model/redrafter)")
-    args = parser.parse_args(argv)
-    cfg = compose_config("method=redrafter", "model=smollm2_135m", "model.dtype=float32")
-    target, tokenizer = load_model(cfg.model, torch.device("cpu"))
-    eos = sorted(eos_token_ids(target, tokenizer))
-    checkpoint = args.checkpoint or cfg.method.drafter.checkpoint
-    prompts = mt_bench_prompts(target, tokenizer, [81, 82], MAX_NEW_TOKENS, eos)
+def upstream_outputs(job: dict) -> dict:
+    """The side environment's part: {"hidden": the last hidden state of upstream's prefill of the first prompt,
+    "runs": {"WxL": per prompt {"tokens", "forwards", "drafted"}}}."""
+    model, package = upstream_models(Path(job["checkout"]), Path(job["model_dir"]), Path(job["drafter_dir"]),
+                                     job["theta"])
+    runs = {f"{width}x{length}": [dict(zip(("tokens", "forwards", "drafted"),
+                                           upstream_run(model, package, prompt, width, length, job["eos"],
+                                                        job["max_new_tokens"])))
+                                  for prompt in job["prompts"]] for width, length in job["beams"]}
+    return {"hidden": upstream_prefill(model, package, job["prompts"][0])[0][0].tolist(), "runs": runs}
+
+
+def comparisons(setup: Setup, tmp: Path) -> list[Comparison]:
+    """The `redrafter` rows of vs_upstream: per beam shape, our engine and upstream's loop."""
+    checkout = required_checkout(cache_dir() / "redrafter-upstream", "recurrent_drafting/recurrent_drafting.py",
+                                 REDRAFTER_GET)
+    target, stop = setup.model, setup.stop
+    checkpoint = compose_config("method=redrafter", "model=smollm2_135m").method.drafter.checkpoint
     ours = ReDrafterDrafter(target, checkpoint=checkpoint)
-    drafter_dir = cache_dir() / "upstream" / "redrafter-smollm2_135m"
+    drafter_dir = tmp / "redrafter-upstream-layout"
     write_upstream_layout(ours.drafter, ours.vocab, drafter_dir)
-    model, package = upstream_models(Path(args.upstream), side_model_dir(cfg.model), drafter_dir,
-                                     rope_theta(target.config))
+    job = {"checkout": str(checkout), "model_dir": str(side_model_dir(setup.model_cfg)),
+           "drafter_dir": str(drafter_dir), "theta": rope_theta(target.config), "prompts": setup.prompts,
+           "beams": BEAMS, "eos": setup.tokenizer.eos_token_id, "max_new_tokens": stop.max_new_tokens}
+    upstream = side_outputs(side_venv("redrafter-upstream/venv", REDRAFTER_PINS),
+                            ["-m", "benchmarks.redrafter_vs_upstream"], job, tmp, "redrafter")
     with torch.inference_mode():  # the same target on both sides
-        ours_state = target(input_ids=torch.tensor([prompts[0]]), output_hidden_states=True).hidden_states[-1][0, -1]
-    difference = (upstream_prefill(model, package, prompts[0])[0][0] - ours_state).abs().max()
-    print(f"upstream's Llama vs ours, last hidden state of the first prompt: max |difference| {float(difference):.2e}")
-    print("| beam (width x length) | our #MAT | upstream #MAT | difference | tokens equal | first beams equal | "
-          "beams equal where both drafted |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    stop = StopCondition(MAX_NEW_TOKENS, frozenset(eos))
-    for shape in args.beam.split(","):
-        width, length = map(int, shape.split("x"))
+        state = target(input_ids=torch.tensor([setup.prompts[0]]), output_hidden_states=True).hidden_states[-1][0, -1]
+    hidden = ("redrafter: the last hidden state of the first prompt's prefill, upstream's Llama vs ours: max "
+              f"|difference| {float((torch.tensor(upstream['hidden']) - state).abs().max()):.2e}")
+    rows = []
+    for width, length in BEAMS:
         drafter = ReDrafterDrafter(target, checkpoint=checkpoint, beam_width=width, beam_length=length)
         engine = SpeculativeEngine(target, drafter)
-        mine, theirs, same_tokens, same_first, shared, same_beams = [0, 0], [0, 0], 0, 0, 0, 0
-        for prompt in prompts:
-            tokens, forwards, drafted = our_run(engine, drafter, prompt, stop)
-            up_tokens, up_forwards, up_drafted = upstream_run(model, package, prompt, width, length,
-                                                              tokenizer.eos_token_id)
-            mine = [mine[0] + len(tokens), mine[1] + forwards]
-            theirs = [theirs[0] + len(up_tokens), theirs[1] + up_forwards]
-            same_tokens += tokens == up_tokens
-            same_first += drafted.get(1) == up_drafted.get(1)
-            both = drafted.keys() & up_drafted.keys()
-            shared += len(both)
-            same_beams += sum(drafted[p] == up_drafted[p] for p in both)
-        ours_mat, up_mat = mine[0] / mine[1], theirs[0] / theirs[1]
-        print(f"| {width} x {length} | {ours_mat:.3f} | {up_mat:.3f} | {100 * (ours_mat / up_mat - 1):+.1f}% | "
-              f"{same_tokens}/{len(prompts)} | {same_first}/{len(prompts)} | {same_beams}/{shared} |", flush=True)
+        mine = [our_run(engine, drafter, prompt, stop) for prompt in setup.prompts]
+        theirs = [{**r, "drafted": {int(p): beams for p, beams in r["drafted"].items()}}
+                  for r in upstream["runs"][f"{width}x{length}"]]
+        rows.append(Comparison("redrafter", f"beams {width} x {length} vs apple/ml-recurrent-drafter "
+                               "RecurrentDrafting.generate greedy", [(t, f) for t, f, _ in mine],
+                               [(r["tokens"], r["forwards"]) for r in theirs],
+                               [beam_agreement(f"{width} x {length}", [d for *_, d in mine],
+                                               [r["drafted"] for r in theirs])]))
+    rows[0].notes.insert(0, hidden)
+    return rows
+
+
+def beam_agreement(shape: str, ours: list[dict[int, list]], theirs: list[dict[int, list]]) -> str:
+    """How many prompts' first beams are equal, and how many beams are where both sides drafted full-length ones
+    (per prompt: {new tokens known: the beams drafted there})."""
+    first = sum(mine.get(1) == other.get(1) for mine, other in zip(ours, theirs))
+    both = [(mine[p], other[p]) for mine, other in zip(ours, theirs) for p in mine.keys() & other.keys()]
+    return (f"redrafter {shape}: first beams equal {first}/{len(ours)}, beams equal where both drafted "
+            f"{sum(a == b for a, b in both)}/{len(both)}")
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    Path(sys.argv[2]).write_text(json.dumps(upstream_outputs(job)))
+
 
 if __name__ == "__main__":
     main()

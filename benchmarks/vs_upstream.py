@@ -1,8 +1,9 @@
-"""Parity check: our Lookahead, Medusa, EAGLE-1 and SuffixDecoding against the reference implementations on the package
-index, and our Token Recycling and SAM-Decoding against Spec-Bench's own runners.
+"""Parity check: our Lookahead, Medusa, EAGLE-1, SuffixDecoding and DFlash against the reference implementations on
+the package index, our Token Recycling and SAM-Decoding against Spec-Bench's own runners, and our PARD and ReDrafter
+against their authors' code.
 
-    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle,recycling,samd,suffix] [--questions 81,82]
-        [--max-new-tokens 64] [--spec-bench DIR]
+    python -m benchmarks.vs_upstream [--methods lookahead,medusa,eagle,recycling,samd,suffix,pard,dflash,redrafter]
+        [--questions 81,82] [--max-new-tokens 64] [--spec-bench DIR]
 
 Both sides decode the same prompt token ids (MT-bench questions 81-82, both turns, turn 2 asked after vanilla's
 turn-1 answer; our chat template), greedily in float32 on SmolLM2-135M (the dequantized GGUF folder that
@@ -28,10 +29,18 @@ their drafts are compared step by step (printed under the table); our #MAT is st
 the prompts in order (the global tree learns across them, as a vLLM server's does). Rows: vLLM's defaults (a chain),
 use_tree_spec, and carry_over=false beside upstream's max_cached_requests=1.
 
+PARD (AMD-AGI/PARD's pard_infer.py), DFlash (the dflash package's dflash_generate) and ReDrafter
+(apple/ml-recurrent-drafter's RecurrentDrafting) rows are made by their own drivers, benchmarks/pard_driver.py,
+dflash_parity.py and redrafter_vs_upstream.py (each a `comparisons(setup, tmp)` here and its upstream side, run in its
+side environment as `python -m benchmarks.<driver> JOB OUT`); their docstrings say what each adapts. Their notes,
+printed under the table: per-position acceptance on both sides, and for DFlash and ReDrafter the first drafts and the
+steps compared one by one.
+
 The upstream side runs in side virtual environments, made once in $SPECBENCH_CACHE/upstream-venv,
-$SPECBENCH_CACHE/spec-bench-venv and $SPECBENCH_CACHE/arctic-venv (default ~/.cache/specbench/...) with
---system-site-packages, so they reuse this machine's torch; the packages are installed with --no-deps and only the
-dependencies the code paths need are added, pinned (UPSTREAM_PINS, SPEC_BENCH_PINS, ARCTIC_PINS). arctic-inference
+$SPECBENCH_CACHE/spec-bench-venv and $SPECBENCH_CACHE/arctic-venv (and the drivers' pard-venv, dflash-venv and
+redrafter-upstream/venv; default ~/.cache/specbench/...) with --system-site-packages, so they reuse this machine's
+torch; the packages are installed with --no-deps and only the dependencies the code paths need are added, pinned
+(UPSTREAM_PINS, SPEC_BENCH_PINS, ARCTIC_PINS; the drivers' PARD_PINS, DFLASH_PINS, REDRAFTER_PINS). arctic-inference
 is a source distribution: its suffix tree is compiled on install (C++20, cmake, ninja, nanobind; ARCTIC_BUILD), with
 the build isolation off so that it builds against this machine's torch instead of downloading one. The drivers run
 there as subprocesses. #MAT is a count, so machine load does not matter.
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import inspect
 import json
 import os
@@ -380,9 +390,19 @@ def our_outputs(model, row: dict, prompts: list[list[int]], stop: StopCondition)
         longer = dataclasses.replace(stop, max_new_tokens=stop.max_new_tokens + row.get("decode_past", 0))
         outputs = [out for counted, out in ((counted, engine.generate(p, longer))
                                             for counted, p in spec_bench_order(prompts, row["warmup"])) if counted]
-    counted = [out.tokens[: stop.max_new_tokens] for out in outputs]
-    return [(tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens))
-            for tokens, out in zip(counted, outputs)]
+    return [counted_output(out, stop.max_new_tokens) for out in outputs]
+
+
+def engine_outputs(setup, make_drafter) -> list:
+    """Our engine's TurnOutput of each of `setup`'s prompts, a fresh drafter (make_drafter()) for each."""
+    return [SpeculativeEngine(setup.model, make_drafter()).generate(p, setup.stop) for p in setup.prompts]
+
+
+def counted_output(out, max_new_tokens: int) -> tuple[list[int], int]:
+    """(tokens up to max_new_tokens, target forwards until they were known: the prefill, then the decode steps) of
+    one of our engine's TurnOutputs."""
+    tokens = out.tokens[:max_new_tokens]
+    return tokens, forwards_until_done(running_sums(decode_step_lengths(out), start=1), tokens)
 
 
 def decode_step_lengths(out) -> list[int]:
@@ -392,16 +412,21 @@ def decode_step_lengths(out) -> list[int]:
     return lengths[1:] if sum(lengths) == len(out.tokens) else lengths
 
 
+def side_outputs(python: Path, driver: list[str], job: dict, tmp: Path, name: str):
+    """What a driver (`driver`: a script's path, or -m and a module) writes when run on `job` in a side environment
+    (`python`), from the project's folder: `python *driver JOB.json OUT.json`."""
+    (tmp / f"{name}.json").write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
+    subprocess.run([str(python), *driver, str(tmp / f"{name}.json"), str(tmp / f"{name}-out.json")], check=True,
+                   env=env, cwd=PROJECT_ROOT)
+    return json.loads((tmp / f"{name}-out.json").read_text())
+
+
 def run_upstream(side: str, rows: list[dict], job: dict, tmp: Path, spec_bench: Path | None) -> dict:
     """The upstream runs of `rows` (one side) in their side venv: {run name: per prompt {"tokens", "steps"}}."""
-    python = side_venv(*SIDES[side])
     job = {**job, "runs": list({row["upstream"]["name"]: row["upstream"] for row in rows}.values())}
-    (tmp / f"{side}.json").write_text(json.dumps(job))
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
     checkout = [str(spec_bench)] if side == "spec-bench" else []
-    subprocess.run([str(python), str(DRIVERS[side]), *checkout, str(tmp / f"{side}.json"),
-                    str(tmp / f"{side}-out.json")], check=True, env=env)
-    return json.loads((tmp / f"{side}-out.json").read_text())
+    return side_outputs(side_venv(*SIDES[side]), [str(DRIVERS[side]), *checkout], job, tmp, side)
 
 
 def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -412,9 +437,102 @@ def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
     return "yes"
 
 
+def acceptance_shares(step_lengths: list[list[int]], positions: int) -> str:
+    """Per draft position i (1..positions): the share of steps (tokens each step added, the bonus token included)
+    that accepted at least i drafts, as "a / b / ..."."""
+    steps = [n - 1 for lengths in step_lengths for n in lengths]
+    return " / ".join(f"{sum(n >= i for n in steps) / max(len(steps), 1):.3f}" for i in range(1, positions + 1))
+
+
+def acceptance_note(label: str, ours: list, their_steps: list[list[int]], positions: int, upstream: str) -> str:
+    """`label`: acceptance_shares of our TurnOutputs beside upstream's (its tokens per step, per prompt)."""
+    return (f"{label}: steps accepting >= {' / '.join(map(str, range(1, positions + 1)))} drafts: ours "
+            f"{acceptance_shares([decode_step_lengths(o) for o in ours], positions)}, {upstream} "
+            f"{acceptance_shares(their_steps, positions)}")
+
+
+@dataclasses.dataclass
+class Setup:
+    """What every row decodes: the float32 target, its tokenizer and model config, the prompts, where to stop."""
+    model: object
+    tokenizer: object
+    model_cfg: object
+    prompts: list[list[int]]
+    stop: StopCondition
+
+
+@dataclasses.dataclass
+class Comparison:
+    """One row of the table: per prompt, each side's (new tokens, target forwards until they were known); notes are
+    printed under the table."""
+    method: str
+    settings: str
+    ours: list[tuple[list[int], int]]
+    theirs: list[tuple[list[int], int]]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def line(self) -> str:
+        ours, theirs = (sum(len(t) for t, _ in side) / sum(f for _, f in side) for side in (self.ours, self.theirs))
+        equal = divergence([t for t, _ in self.ours], [t for t, _ in self.theirs])
+        return (f"| {self.method} | {self.settings} | {ours:.3f} | {theirs:.3f} | {(ours - theirs) / theirs:+.1%} | "
+                f"{equal} |")
+
+
+# methods whose rows a driver of their own makes: its comparisons(setup, tmp) -> list[Comparison] (imported when
+# asked for: each imports this module)
+DRIVER_METHODS = {"pard": "benchmarks.pard_driver", "dflash": "benchmarks.dflash_parity",
+                  "redrafter": "benchmarks.redrafter_vs_upstream"}
+
+
+def required_checkout(path: Path, marker: str, get: str) -> Path:
+    """`path`, a checkout of upstream code that has `marker`; a missing one stops the run, saying how to get it."""
+    if not (path / marker).exists():
+        raise SystemExit(f"no {marker} in {path}: {get.format(dir=path)}")
+    return path
+
+
+def parity_setup(questions: str, max_new_tokens: int) -> Setup:
+    """SmolLM2-135M in float32 and MT-bench `questions`' prompts, both turns."""
+    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
+    cfg.dtype = "float32"
+    model, tokenizer = load_model(cfg, torch.device("cpu"))
+    eos = sorted(eos_token_ids(model, tokenizer))
+    prompts = mt_bench_prompts(model, tokenizer, [int(q) for q in questions.split(",")], max_new_tokens, eos)
+    return Setup(model, tokenizer, cfg, prompts, StopCondition(max_new_tokens, frozenset(eos)))
+
+
+def package_comparisons(methods: set[str], setup: Setup, tmp: Path, spec_bench: Path | None) -> list[Comparison]:
+    """The rows whose upstream side benchmarks/upstream_driver.py, spec_bench_driver.py or arctic_driver.py runs."""
+    model, prompts, stop = setup.model, setup.prompts, setup.stop
+    eos = sorted(stop.eos_token_ids)
+    job = {"model_dir": str(side_model_dir(setup.model_cfg)), "eos": eos[0], "max_new_tokens": stop.max_new_tokens,
+           "prompts": prompts}
+    if "suffix" in methods:  # the target's greedy answers: what a model-free drafter is accepted against
+        job["answers"] = [SpeculativeEngine(model).generate(p, stop).tokens for p in prompts]
+    rows = comparisons(methods, model, tmp) + spec_bench_comparisons(methods, model, setup.tokenizer, tmp, spec_bench)
+    rows += suffix_comparisons(methods, model)
+    for index, row in enumerate(rows):
+        row["upstream"]["name"] = f"run{index}"  # rows sharing an upstream run share its last name
+    upstream = {}
+    for side in sorted({row.get("side", "packages") for row in rows}):
+        upstream.update(run_upstream(side, [r for r in rows if r.get("side", "packages") == side], job, tmp,
+                                     spec_bench))
+    out = []
+    for row in rows:
+        theirs = upstream[row["upstream"]["name"]]
+        notes = []
+        if row["method"] == "suffix":
+            drafts = simulated_drafts(row["ours"], prompts, job["answers"], stop.max_new_tokens)
+            notes.append(f"suffix, {row['settings'].split(':')[0]}: drafts equal at "
+                         f"{draft_agreement(drafts, [r['drafts'] for r in theirs])}")
+        out.append(Comparison(row["method"], row["settings"], our_outputs(model, row, prompts, stop),
+                              [(r["tokens"], r["steps"]) for r in theirs], notes))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="lookahead,medusa,eagle,recycling,samd,suffix")
+    parser.add_argument("--methods", default="lookahead,medusa,eagle,recycling,samd,suffix,pard,dflash,redrafter")
     parser.add_argument("--questions", default="81,82", help="question ids (MT-bench: 81-160)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--spec-bench", default=None, help="a hemingkx/Spec-Bench checkout (default: "
@@ -423,45 +541,19 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     methods = set(args.methods.split(","))
     spec_bench = spec_bench_checkout(args.spec_bench) if methods & SPEC_BENCH_METHODS else None
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "smollm2_135m.yaml")
-    cfg.dtype = "float32"
-    model, tokenizer = load_model(cfg, torch.device("cpu"))
-    eos = sorted(eos_token_ids(model, tokenizer))
-    prompts = mt_bench_prompts(model, tokenizer, [int(q) for q in args.questions.split(",")], args.max_new_tokens,
-                               eos)
-    stop = StopCondition(args.max_new_tokens, frozenset(eos))
-    job = {"model_dir": str(side_model_dir(cfg)), "eos": eos[0], "max_new_tokens": args.max_new_tokens,
-           "prompts": prompts}
-    if "suffix" in methods:  # the target's greedy answers: what a model-free drafter is accepted against
-        job["answers"] = [SpeculativeEngine(model).generate(p, stop).tokens for p in prompts]
+    setup = parity_setup(args.questions, args.max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = comparisons(methods, model, Path(tmp)) + spec_bench_comparisons(methods, model, tokenizer, Path(tmp),
-                                                                               spec_bench)
-        rows += suffix_comparisons(methods, model)
-        for index, row in enumerate(rows):
-            row["upstream"]["name"] = f"run{index}"  # rows sharing an upstream run share its last name
-        upstream = {}
-        for side in sorted({row.get("side", "packages") for row in rows}):
-            upstream.update(run_upstream(side, [r for r in rows if r.get("side", "packages") == side], job, Path(tmp),
-                                         spec_bench))
-        for row in rows:
-            outs = our_outputs(model, row, prompts, stop)
-            row["our_tokens"] = [tokens for tokens, _ in outs]
-            row["our_mat"] = sum(len(tokens) for tokens, _ in outs) / sum(forwards for _, forwards in outs)
-    print(f"{len(prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, greedy, "
-          f"float32, SmolLM2-135M")
+        rows = package_comparisons(methods, setup, Path(tmp), spec_bench)
+        for method in (m for m in DRIVER_METHODS if m in methods):
+            rows += importlib.import_module(DRIVER_METHODS[method]).comparisons(setup, Path(tmp))
+    print(f"{len(setup.prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, "
+          "greedy, float32, SmolLM2-135M")
     print("| method | settings | our #MAT | upstream #MAT | difference | tokens equal |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        theirs = upstream[row["upstream"]["name"]]
-        mat = sum(len(r["tokens"]) for r in theirs) / sum(r["steps"] for r in theirs)  # the prefill included
-        equal = divergence(row["our_tokens"], [r["tokens"] for r in theirs])
-        print(f"| {row['method']} | {row['settings']} | {row['our_mat']:.3f} | {mat:.3f} | "
-              f"{(row['our_mat'] - mat) / mat:+.1%} | {equal} |")
-    for row in (r for r in rows if r["method"] == "suffix"):
-        ours = simulated_drafts(row["ours"], prompts, job["answers"], args.max_new_tokens)
-        theirs = [r["drafts"] for r in upstream[row["upstream"]["name"]]]
-        print(f"suffix, {row['settings'].split(':')[0]}: drafts equal at {draft_agreement(ours, theirs)}")
+        print(row.line())
+    for note in (note for row in rows for note in row.notes):
+        print(note)
 
 
 if __name__ == "__main__":

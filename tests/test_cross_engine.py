@@ -47,6 +47,17 @@ def test_pard_drafts_k_from_one_forward_in_both_engines():
         bench_command(parse_args(["--k", "2"]), "pard", "vllm"))
 
 
+def test_dflash_drafts_a_block_of_k_plus_1_from_the_same_published_copy_in_both_engines(monkeypatch, tmp_path):
+    import benchmarks.cross_engine as cross_engine
+
+    monkeypatch.setattr(cross_engine, "dflash_published", lambda model: tmp_path / f"{model}-published")
+    ours = bench_command(parse_args(["--k", "3"]), "dflash", "ours")
+    assert {"method=dflash", f"method.drafter.checkpoint={tmp_path}/smollm2_135m-published",
+            "method.drafter.block_size=4"} <= set(ours)
+    assert {"server=vllm_cpu_dflash", f"server.draft={tmp_path}/smollm2_135m-published",
+            "server.num_speculative_tokens=3"} <= set(bench_command(parse_args(["--k", "3"]), "dflash", "vllm"))
+
+
 def test_step_starts_leave_out_the_last_step():
     assert step_starts([3, 1, 2, 3], 10) == {1: 3, 4: 1, 5: 2}  # the prefill's token at position 0
 

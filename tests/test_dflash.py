@@ -321,3 +321,19 @@ def test_a_negative_target_layer_is_refused_before_training(tiny_checkpoint, cor
     cfg = train_config(tiny_checkpoint, corpus, tmp_path, "dflash", "train.target_layer_ids=[0,-1]")
     with pytest.raises(ConfigError, match=r"train.recipe.target_layer_ids\[1\]=-1: must be a number >= 0"):
         TrainingRun.from_config(cfg)
+
+
+def test_published_copy_drops_our_fields_and_the_vocabulary_ids_and_keeps_the_rest(tmp_path):
+    from safetensors.torch import load_file
+
+    from methods.dflash.checkpoints import published_copy
+    from methods.heads.saved import VOCABULARY_KEY
+
+    tensors = write_published(tmp_path / "ours", specbench_method="dflash")
+    save_file({**tensors, VOCABULARY_KEY: torch.arange(8)}, tmp_path / "ours" / "model.safetensors")
+    out = published_copy(tmp_path / "ours", tmp_path / "published")
+    config = json.loads((out / "config.json").read_text())
+    assert "specbench_method" not in config and config["dflash_config"] == {"mask_token_id": MASK,
+                                                                          "target_layer_ids": LAYER_IDS}
+    copied = load_file(out / "model.safetensors")
+    assert sorted(copied) == sorted(tensors) and all(torch.equal(copied[k], tensors[k]) for k in tensors)

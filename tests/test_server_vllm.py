@@ -96,6 +96,15 @@ def test_vllm_pard_drafts_in_parallel_from_the_pard_draft(compose):
     assert draft_of(compose_config("backend=server", "server=vllm_cpu_pard")) == "artifacts/pard/smollm2_135m"
 
 
+def test_vllm_dflash_drafts_a_block_from_the_draft_it_is_given(compose):
+    cfg = compose("backend=server", "server=vllm_cpu_dflash", "server.num_speculative_tokens=3", "server.draft=/d")
+    assert json.loads(cfg.server.spec_config.replace("{draft_dir}", "/d")) == {
+        "method": "dflash", "model": "/d", "num_speculative_tokens": 3}
+    from bench.config import compose_config
+
+    assert draft_of(compose_config("backend=server", "server=vllm_cpu_dflash", "server.draft=/d")) == "/d"
+
+
 def test_a_missing_vllm_environment_says_how_to_build_it(compose):
     cfg = compose("backend=server", "server=vllm_cpu_ngram", "server.binary=/nonexistent/python")
     with pytest.raises(Exception, match="bash benchmarks/build_vllm_cpu.sh"):

@@ -1,15 +1,22 @@
 """The pure parts of benchmarks/vs_upstream.py and its drivers: Spec-Bench's prompt order, forwards counted from
-accept lengths, SAM-Decoding's tree file as choices, the missing checkout's message."""
+accept lengths, SAM-Decoding's tree file as choices, the missing checkouts' messages, a row of the table, per-position
+acceptance shares, ReDrafter's beam agreement."""
 import json
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.redrafter_vs_upstream import beam_agreement
 from benchmarks.upstream_driver import forwards_until_done, running_sums, spec_bench_order
 from benchmarks.vs_upstream import (
+    Comparison,
+    acceptance_note,
+    acceptance_shares,
+    counted_output,
     decode_step_lengths,
     knob_text,
     recycle_tree_choices,
+    required_checkout,
     samd_recycling_knobs,
     spec_bench_checkout,
 )
@@ -64,3 +71,42 @@ def test_a_missing_spec_bench_checkout_says_how_to_get_it(tmp_path):
 def test_decode_step_lengths_leave_out_the_prefill_whether_or_not_the_engine_books_it():
     assert decode_step_lengths(SimpleNamespace(tokens=[5, 6, 7, 8], accept_lengths=[1, 2, 1])) == [2, 1]
     assert decode_step_lengths(SimpleNamespace(tokens=[5, 6, 7, 8], accept_lengths=[2, 1])) == [2, 1]
+
+
+def test_counted_output_cuts_at_max_new_tokens_and_counts_forwards_until_then():
+    out = SimpleNamespace(tokens=[5, 6, 7, 8, 9, 10], accept_lengths=[1, 3, 2])  # the prefill's token booked
+    assert counted_output(out, 4) == ([5, 6, 7, 8], 2)  # the prefill (1 known), step 1 (4 known)
+    assert counted_output(out, 6) == ([5, 6, 7, 8, 9, 10], 3)
+
+
+def test_a_comparison_row_gives_both_mats_their_difference_and_the_first_divergence():
+    row = Comparison("pard", "K=2", ours=[([1, 2, 3], 2), ([4, 5, 6, 7, 8], 4)], theirs=[([1, 2, 3], 3), ([4, 5], 1)])
+    assert row.line() == "| pard | K=2 | 1.333 | 1.250 | +6.7% | no (prompt 1, token 2) |"
+    same = Comparison("dflash", "block 16", ours=[([1, 2], 2)], theirs=[([1, 2], 2)])
+    assert same.line() == "| dflash | block 16 | 1.000 | 1.000 | +0.0% | yes |"
+
+
+def test_acceptance_shares_count_steps_accepting_at_least_each_position():
+    # tokens per step 1, 2, 3, 1 (the bonus token included): 0, 1, 2, 0 drafts accepted
+    assert acceptance_shares([[1, 2], [3, 1]], 3) == "0.500 / 0.250 / 0.000"
+    assert acceptance_shares([], 2) == "0.000 / 0.000"
+    ours = [SimpleNamespace(tokens=[1, 2, 3, 4], accept_lengths=[1, 3])]  # one step accepting 2 drafts
+    assert acceptance_note("pard K=2", ours, [[2, 1]], 2, "pard_infer.py") == (
+        "pard K=2: steps accepting >= 1 / 2 drafts: ours 1.000 / 1.000, pard_infer.py 0.500 / 0.000")
+
+
+def test_a_missing_upstream_checkout_says_how_to_get_it(tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        required_checkout(tmp_path, "pard/pard_infer.py", "git clone https://github.com/AMD-AGI/PARD {dir}")
+    assert str(stop.value) == (f"no pard/pard_infer.py in {tmp_path}: git clone https://github.com/AMD-AGI/PARD "
+                               f"{tmp_path}")
+    (tmp_path / "pard").mkdir()
+    (tmp_path / "pard" / "pard_infer.py").write_text("")
+    assert required_checkout(tmp_path, "pard/pard_infer.py", "") == tmp_path
+
+
+def test_beam_agreement_compares_first_beams_and_beams_where_both_drafted():
+    ours = [{1: [[1, 2]], 3: [[3, 4]], 5: [[5, 6]]}, {1: [[7, 8]]}]
+    theirs = [{1: [[1, 2]], 3: [[3, 9]], 4: [[4, 4]]}, {1: [[7, 0]]}]
+    assert beam_agreement("4 x 4", ours, theirs) == ("redrafter 4 x 4: first beams equal 1/2, beams equal where both "
+                                                     "drafted 1/3")

@@ -1,12 +1,14 @@
 """DFlash checkpoints: the published layout (z-lab's `*-DFlash*` folders, the dflash package's DFlashDraftModel)
-written and loaded strictly."""
+written and loaded strictly, and ours copied into it for the dflash package and vLLM (published_copy)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
-from bench.artifacts import artifact_fingerprint
+from bench.artifacts import artifact_fingerprint, cache_dir
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from methods.dflash.head import UPSTREAM_BLOCK_SIZE, DFlashDrafter, upstream_target_layer_ids
 from methods.heads.common import DraftVocabulary, checkpoint_folder, load_strictly, read_json, read_tensors
@@ -83,6 +85,23 @@ def load_dflash(checkpoint: str | Path, target) -> tuple[DFlashDrafter, DraftVoc
     load_strictly(drafter, tensors, file, UPSTREAM_FIX)
     drafter = drafter.to(target.device, target.dtype).eval()
     return drafter, DraftVocabulary(target.get_output_embeddings(), vocab_ids), artifact_fingerprint(folder)
+
+
+def published_copy(checkpoint: str | Path, out: Path | None = None) -> Path:
+    """Our checkpoint as the dflash package and vLLM load it: config.json without `specbench_method`, the weights
+    without the draft-vocabulary ids (so both draft over the whole vocabulary; vLLM refuses a tensor its drafter does
+    not have). Written to `out`, else once into the cache, keyed by the checkpoint's fingerprint."""
+    folder = Path(checkpoint)
+    out = out or cache_dir() / "models" / f"{folder.name}-dflash-published-{artifact_fingerprint(folder)}"
+    if (out / WEIGHT_FILE).exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("specbench_method", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {k: v for k, v in load_file(folder / WEIGHT_FILE).items() if k != VOCABULARY_KEY}
+    save_file(tensors, out / WEIGHT_FILE)
+    return out
 
 
 def _checked(folder: Path, config: dict, target) -> dict:
