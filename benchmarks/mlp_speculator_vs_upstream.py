@@ -226,12 +226,11 @@ def same_drafts(runs: list[dict], reference: list[dict]) -> tuple[int, int]:
 
 def table_row(name: str, runs: list[dict], reference: list[dict], n_predict: int) -> str:
     """One markdown row: #MAT, per-position acceptance, tokens and drafts against `reference`."""
-    from benchmarks.pard_driver import position_acceptance
     from benchmarks.upstream_driver import forwards_until_done, running_sums
-    from benchmarks.vs_upstream import divergence
+    from benchmarks.vs_upstream import acceptance_shares, divergence
 
     forwards = sum(forwards_until_done(running_sums(r["steps"], start=1), r["tokens"]) for r in runs)
-    shares = " / ".join(f"{s:.3f}" for s in position_acceptance([r["steps"] for r in runs], n_predict))
+    shares = acceptance_shares([r["steps"] for r in runs], n_predict)
     equal = divergence([r["tokens"] for r in runs], [r["tokens"] for r in reference])
     return (f"| {name} | {sum(len(r['tokens']) for r in runs) / forwards:.3f} | {shares} | {equal} | "
             "{}/{} |".format(*same_drafts(runs, reference)))
