@@ -195,24 +195,9 @@ def upstream_outputs(job: dict) -> dict:
 
 def our_decode(engine, drafter, prompt: list[int], stop) -> dict:
     """Our engine's record of `prompt`, in vllm_decode's shape (the candidate sequences drafted at each point)."""
-    from benchmarks.vs_upstream import decode_step_lengths
+    from benchmarks.vs_upstream import decode_step_lengths, generate_recording
 
-    drafted, known, candidates = {}, {"now": 0}, drafter.candidates
-
-    def propose(context: list[int], max_tokens: int):
-        known["now"] = len(context) - len(prompt)
-        return type(drafter).propose(drafter, context, max_tokens)
-
-    def recording(root: int, depth: int):
-        sequences = candidates(root, depth)
-        drafted[known["now"]] = sequences.tolist()
-        return sequences
-
-    drafter.propose, drafter.candidates = propose, recording
-    try:
-        out = engine.generate(prompt, stop)
-    finally:
-        del drafter.propose, drafter.candidates
+    out, drafted = generate_recording(engine, drafter, prompt, stop, "candidates")
     return {"tokens": out.tokens, "steps": decode_step_lengths(out), "drafts": drafted}
 
 

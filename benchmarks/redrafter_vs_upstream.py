@@ -33,6 +33,7 @@ from benchmarks.vs_upstream import (
     Comparison,
     Setup,
     counted_output,
+    generate_recording,
     required_checkout,
     rope_theta,
     side_model_dir,
@@ -103,24 +104,8 @@ def upstream_run(model, package, prompt: list[int], width: int, length: int, eos
 def our_run(engine, drafter: ReDrafterDrafter, prompt: list[int], stop) -> tuple[list[int], int, dict[int, list]]:
     """(tokens, target forwards until they were known, {new tokens known: the full-length beams drafted there}) of
     our engine."""
-    drafted, search = {}, drafter.beams
-    known = {"now": 0}
-
-    def propose(context: list[int], max_tokens: int):
-        known["now"] = len(context) - len(prompt)
-        return type(drafter).propose(drafter, context, max_tokens)
-
-    def recording(root: int, length: int):
-        beams = search(root, length)
-        if length == drafter.beam_length:
-            drafted[known["now"]] = beams.tolist()
-        return beams
-
-    drafter.propose, drafter.beams = propose, recording
-    try:
-        out = engine.generate(prompt, stop)
-    finally:
-        del drafter.propose, drafter.beams
+    out, drafted = generate_recording(engine, drafter, prompt, stop, "beams",
+                                      keep=lambda length: length == drafter.beam_length)
     return (*counted_output(out, stop.max_new_tokens), drafted)
 
 

@@ -437,6 +437,31 @@ def divergence(ours: list[list[int]], theirs: list[list[int]]) -> str:
     return "yes"
 
 
+def generate_recording(engine, drafter, prompt: list[int], stop, search: str, keep=lambda length: True):
+    """(engine.generate's output, {new tokens known: the sequences drafted there}): what the drafter's `search`
+    method (called as search(root, length), returning a tensor of token sequences) gave where `keep(length)`."""
+    drafted, known, inner = {}, {"now": 0}, getattr(drafter, search)
+
+    def propose(context: list[int], max_tokens: int):
+        known["now"] = len(context) - len(prompt)
+        return type(drafter).propose(drafter, context, max_tokens)
+
+    def recording(root: int, length: int):
+        sequences = inner(root, length)
+        if keep(length):
+            drafted[known["now"]] = sequences.tolist()
+        return sequences
+
+    drafter.propose = propose
+    setattr(drafter, search, recording)
+    try:
+        out = engine.generate(prompt, stop)
+    finally:
+        del drafter.propose
+        delattr(drafter, search)
+    return out, drafted
+
+
 def acceptance_shares(step_lengths: list[list[int]], positions: int) -> str:
     """Per draft position i (1..positions): the share of steps (tokens each step added, the bonus token included)
     that accepted at least i drafts, as "a / b / ..."."""

@@ -14,6 +14,7 @@ from benchmarks.vs_upstream import (
     acceptance_shares,
     counted_output,
     decode_step_lengths,
+    generate_recording,
     knob_text,
     recycle_tree_choices,
     required_checkout,
@@ -110,3 +111,24 @@ def test_beam_agreement_compares_first_beams_and_beams_where_both_drafted():
     theirs = [{1: [[1, 2]], 3: [[3, 9]], 4: [[4, 4]]}, {1: [[7, 0]]}]
     assert beam_agreement("4 x 4", ours, theirs) == ("redrafter 4 x 4: first beams equal 1/2, beams equal where both "
                                                      "drafted 1/3")
+
+
+def test_generate_recording_keys_the_kept_searches_by_new_tokens_known_and_restores_the_drafter():
+    import torch
+
+    class Drafter:
+        def propose(self, context, max_tokens):
+            return [self.beams(context[-1], 2), self.beams(context[-1], 1)]
+
+        def beams(self, root, length):
+            return torch.full((1, length), root)
+
+    class Engine:
+        def generate(self, prompt, stop):
+            return [drafter.propose(prompt + [7] * n, 4) for n in (0, 3)]
+
+    drafter = Drafter()
+    out, drafted = generate_recording(Engine(), drafter, [5], None, "beams", keep=lambda length: length == 2)
+    assert drafted == {0: [[5, 5]], 3: [[7, 7]]}
+    assert len(out) == 2 and out[1][1].tolist() == [[7]]
+    assert "propose" not in vars(drafter) and "beams" not in vars(drafter)
