@@ -25,6 +25,7 @@ class MedusaDrafter(LastFeatureDrafter):
         self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_medusa)
         self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Medusa")
         self.top_k = int(node_ranks.max()) + 1
+        self.heads_for = [head + 1 for head in node_heads.tolist()]  # nodes' head count, on the host: no sync
         device = target.device
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
         self.templates: dict[int, DraftTree] = {}  # template_of's
@@ -39,7 +40,7 @@ class MedusaDrafter(LastFeatureDrafter):
         """The tree's first `nodes` nodes, from the heads down to the deepest of them only."""
         if max_tokens <= 1 or nodes < 1:
             return None
-        heads = int(self.node_heads[nodes - 1]) + 1
+        heads = max(self.heads_for[:nodes])
         candidates = torch.stack([self.heads.logits(self.hidden, self.vocab, k).topk(self.top_k).indices
                                   for k in range(heads)])  # [heads, top_k]
         tokens = self.vocab.to_token_ids(candidates[self.node_heads[:nodes], self.node_ranks[:nodes]])  # [nodes]
