@@ -25,6 +25,7 @@ from torch import nn
 
 from bench.artifacts import resolve_artifact_path
 from bench.engine.drafter import Drafter
+from bench.engine.tree import DraftTree, first_nodes
 from bench.errors import InvalidArtifactError, MissingArtifactError
 
 
@@ -115,12 +116,20 @@ class LastFeatureDrafter(Drafter):
 
     feature_layers = (-1,)
     hidden: torch.Tensor | None = None  # [H]
+    template: DraftTree  # the static tree (subclasses set it, and `templates = {}`)
+    templates: dict[int, DraftTree]  # template_of's, by size
 
     def start(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.hidden = hidden[-1]
 
     def update(self, step) -> None:
         self.hidden = step.hidden[step.acceptance.rows[-1]]
+
+    def template_of(self, nodes: int) -> DraftTree:
+        """The static tree's first `nodes` nodes, made once per size (masks and positions built once too)."""
+        if nodes not in self.templates:
+            self.templates[nodes] = first_nodes(self.template, nodes)
+        return self.templates[nodes]
 
 
 def heads_or_checkpoint(module, vocab, checkpoint, target, load) -> tuple:

@@ -5,7 +5,7 @@ import torch
 
 from bench.engine.kvcache import new_cache
 from bench.engine.sampling import SamplingConfig
-from bench.engine.tree import DraftTree, first_nodes
+from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
@@ -27,6 +27,7 @@ class HydraDrafter(LastFeatureDrafter):
         self.heads, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_hydra)
         self.embed = target.get_input_embeddings()
         self.template, node_heads, node_ranks = static_tree(choices, tree_size, self.heads.num_heads, "Hydra")
+        self.templates = {}
         depth = int(node_heads.max()) + 1
         device = target.device
         # Per level: the parents that need children (node ids, -1 = root), their paths (node ids from depth 1 down
@@ -83,7 +84,7 @@ class HydraDrafter(LastFeatureDrafter):
             logits = self.heads.logits(self.hidden.expand(rows, -1), path_embeds, self.vocab, head)
             candidates = self.vocab.to_token_ids(logits.topk(top_k, dim=-1).indices)  # [rows, top_k]
             tokens[nodes_at] = candidates[parent_rows, ranks]
-        return first_nodes(self.template.with_tokens(tokens.tolist()), nodes)
+        return self.template_of(nodes).with_tokens(tokens[:nodes].tolist())
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> HydraDrafter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from bench.engine.sampling import SamplingConfig
-from bench.engine.tree import DeviceTokens, DraftTree, first_nodes
+from bench.engine.tree import DeviceTokens, DraftTree
 from bench.knobs import at_least, check_knobs, null_or
 from methods.heads.common import DraftVocabulary, LastFeatureDrafter, heads_or_checkpoint
 from methods.heads.tiny import random_weights
@@ -28,7 +28,7 @@ class MedusaDrafter(LastFeatureDrafter):
         self.heads_for = [head + 1 for head in node_heads.tolist()]  # nodes' head count, on the host: no sync
         device = target.device
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
-        self.templates: dict[int, DraftTree] = {}  # template_of's
+        self.templates = {}
 
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         """The static tree with this step's candidates, left on the device: the engine reads them back with its
@@ -45,12 +45,6 @@ class MedusaDrafter(LastFeatureDrafter):
                                   for k in range(heads)])  # [heads, top_k]
         tokens = self.vocab.to_token_ids(candidates[self.node_heads[:nodes], self.node_ranks[:nodes]])  # [nodes]
         return self.template_of(nodes).with_tokens(DeviceTokens(tokens))
-
-    def template_of(self, nodes: int) -> DraftTree:
-        """The static tree's first `nodes` nodes, made once per size (masks and positions built once too)."""
-        if nodes not in self.templates:
-            self.templates[nodes] = first_nodes(self.template, nodes)
-        return self.templates[nodes]
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> MedusaDrafter:
