@@ -34,6 +34,7 @@ import random
 import torch
 
 from bench.engine.drafter import Drafter
+from bench.engine.sampling import greedy_tokens
 from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs, one_of
 
@@ -134,7 +135,7 @@ class LookaheadDrafter(Drafter):
         if step.tree is None:
             return
         top_rows = len(self.levels[-1]) if self.levels else len(self.base)
-        top = step.logits[-top_rows:].argmax(-1).tolist()  # predictions after the top level (the base, if none)
+        top = greedy_tokens(step.logits[-top_rows:]).tolist()  # predictions after the top level (the base, if none)
         if not self.window_full:  # upstream's growing window: no n-gram is finished yet
             self._grow(top)
             return

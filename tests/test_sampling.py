@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench.engine.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
 from bench.engine.loop import SpeculativeEngine, StopCondition
-from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 from methods.sps.draft import slice_target
 from methods.sps.drafter import DraftModelDrafter
@@ -226,3 +226,11 @@ def test_trained_head_trees_sample_the_target_distribution(small_pair, method):
     statistic, critical = chi_square(counts, exact_distribution(target, PROMPT, POSITION, T1))
     assert statistic < critical, (statistic, critical)
     assert max(accept_lengths) >= 2  # drafted tokens were accepted, not only bonus tokens
+
+
+def test_greedy_tokens_is_the_argmax_of_the_logits_own_dtype_ties_to_the_first():
+    """greedy_tokens widens bfloat16 to float32 before its argmax (faster on CPU): the same token, ties included."""
+    assert greedy_tokens(torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 1.0, 2.0]]).bfloat16()).tolist() == [1, 0]
+    tied = torch.randint(-2, 2, (16, 4096), generator=torch.Generator().manual_seed(0)).bfloat16()  # many ties
+    assert torch.equal(greedy_tokens(tied), tied.argmax(-1))
+    assert torch.equal(greedy_tokens(tied[3]), tied[3].argmax())

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 
 
@@ -29,8 +29,8 @@ class Acceptance:
 def greedy_accept(logits: torch.Tensor, tree: DraftTree | None) -> Acceptance:
     """Longest path whose every token equals the target's argmax after its parent. logits: [L, vocab]."""
     if tree is None or not len(tree):
-        return Acceptance([0], [int(logits[0].argmax())])  # the one host sync of the step
-    return greedy_path(host_with_drafts(logits[: 1 + len(tree)].argmax(-1), [tree]), tree)
+        return Acceptance([0], [int(greedy_tokens(logits[0]))])  # the one host sync of the step
+    return greedy_path(host_with_drafts(greedy_tokens(logits[: 1 + len(tree)]), [tree]), tree)
 
 
 def host_with_drafts(target: torch.Tensor, trees: list[DraftTree | None]) -> list:

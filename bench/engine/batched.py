@@ -38,7 +38,7 @@ from bench.engine.acceptance import Acceptance, greedy_path, host_with_drafts, p
 from bench.engine.drafter import Drafter, StepResult, drafter_seed, start_drafter
 from bench.engine.kvcache import additive_masks, attention_windows, host_to_device, new_cache
 from bench.engine.loop import StopCondition, TurnOutput, open_turn, record_step, target_forward
-from bench.engine.sampling import SamplingConfig, pick_token
+from bench.engine.sampling import SamplingConfig, greedy_tokens, pick_token
 from bench.engine.timing import Clock, PhaseTimer, device_time
 from bench.engine.tree import DraftTree, first_nodes, real_tree
 
@@ -188,7 +188,7 @@ class BatchedEngine:
 
     def _accept(self, logits: torch.Tensor, trees: list, generators: list) -> list[Acceptance]:
         if self.sampling.greedy:
-            targets = host_with_drafts(logits.argmax(-1), trees)  # [B, L]: the one host sync of the step
+            targets = host_with_drafts(greedy_tokens(logits), trees)  # [B, L]: the one host sync of the step
             return [greedy_path(target, tree) for target, tree in zip(targets, trees)]
         probs = probs_on_host(list(logits), trees, self.sampling)  # one copy for the whole batch
         return [sampling_path(target, draft, tree, generator)

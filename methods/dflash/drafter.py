@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from bench.engine.drafter import Drafter, StepResult
-from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs, null_or
 from methods.dflash.checkpoints import drafter_config, load_dflash, published_config
@@ -75,7 +75,7 @@ class DFlashDrafter(Drafter):
         out = self.module(embedded.to(self.module.fc.weight.dtype), positions, self.context)
         logits = self.module.scale_logits(self.vocab(out[0, 1:]))  # [drafts, V']
         if self.sampling.greedy:
-            return DraftTree.chain(self.vocab.to_token_ids(logits.argmax(-1)).tolist())
+            return DraftTree.chain(self.vocab.to_token_ids(greedy_tokens(logits)).tolist())
         q = self.vocab.full_probs(logits_to_probs(logits, self.sampling)).cpu()  # [drafts, vocab]
         return DraftTree.chain([sample(row, self.generator) for row in q], q)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs
 from methods.pard.checkpoints import parallel_token
@@ -44,7 +44,7 @@ class ParallelDraftDrafter(DraftModelDrafter):
         if n > 1:  # the masks' entries go: the cache holds the context's real tokens
             self.cache.crop(1 - n)
         if self.sampling.greedy:
-            return DraftTree.chain(logits.argmax(-1).tolist())
+            return DraftTree.chain(greedy_tokens(logits).tolist())
         q = logits_to_probs(logits, self.sampling).cpu()  # [n, vocab]
         return DraftTree.chain([sample(row, self.generator) for row in q], q)
 

@@ -7,7 +7,7 @@ from transformers import DynamicCache
 from bench.artifacts import artifact_fingerprint
 from bench.engine.drafter import Drafter, StepResult
 from bench.engine.kvcache import new_cache
-from bench.engine.sampling import SamplingConfig, logits_to_probs, sample
+from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs
 from methods.sps.draft import load_draft, resolve_draft_path, slice_target
@@ -70,7 +70,7 @@ class DraftModelDrafter(Drafter):
         for _ in range(n):
             logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # [vocab]
             if self.sampling.greedy:  # stays on the device: one host sync per chain, not per token
-                ids = logits.argmax().view(1, 1)
+                ids = greedy_tokens(logits).view(1, 1)
             else:  # the sampler's generator lives on the CPU
                 q = logits_to_probs(logits, self.sampling).cpu()  # [vocab]
                 ids = torch.tensor([[sample(q, self.generator)]], device=self.draft.device)
