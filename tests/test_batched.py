@@ -204,6 +204,45 @@ def test_planned_sizing_rests_or_drafts_as_the_profile_says(tiny_model, batch_pr
     assert rested > 0.9 if not drafts else rested == 0
 
 
+class FixedPlanner:
+    """A planner that always asks for `k` nodes and verifies them (bench/engine/batched.py's StepPlanner)."""
+
+    masked_steps = False
+
+    def __init__(self, k: int):
+        self.k, self.nodes_drafted = k, []
+
+    def plan(self, context_len, rows=1):
+        return self.k, True
+
+    def drafted(self, seconds, full_trees=(), rows=1, trees=1, nodes=None):
+        self.nodes_drafted.append(nodes)
+
+    def cut(self, trees, context_len):
+        return self.k
+
+    def observe(self, tree, accepted_rows):
+        pass
+
+
+def test_planned_batches_draft_only_the_planned_nodes(tiny_model, batch_prompts, tmp_path, monkeypatch, one_thread):
+    """Under a planner a drafter with partial drafts (EAGLE-2) is asked for the k nodes planned (propose_first, as
+    at batch 1), never for its whole tree, and the planner learns what size was drafted; rows stay vanilla's."""
+    asked, first = [], Eagle2Drafter.propose_first
+
+    def spy(self, context, max_tokens, nodes):
+        asked.append(nodes)
+        return first(self, context, max_tokens, nodes)
+
+    monkeypatch.setattr(Eagle2Drafter, "propose_first", spy)
+    monkeypatch.setattr(Eagle2Drafter, "propose", lambda *_: pytest.fail("drafted a whole tree"))
+    prompts, planner = batch_prompts[:3], FixedPlanner(2)
+    out = BatchedEngine(tiny_model, method_drafters(tiny_model, tmp_path, prompts)["eagle2"](), planner=planner
+                        ).generate(prompts, StopCondition(30), [0] * 3)
+    assert [t.tokens for t in out.turns] == [vanilla_tokens(tiny_model, p, 30) for p in prompts]
+    assert len(asked) >= len(planner.nodes_drafted) > 0 and set(asked) == set(planner.nodes_drafted) == {2}
+
+
 @pytest.mark.parametrize("method", ["sps", "eagle2", "hydra", "lookahead"])
 def test_drafters_updated_before_they_ever_propose(tiny_model, batch_prompts, tmp_path, method, one_thread):
     """A planner that rests from the first step (no warm-up, verification 10x a plain step) and probes now and then:

@@ -196,19 +196,23 @@ class BatchedEngine:
 
     def _propose(self, drafters: list, contexts: list[list[int]], max_tokens: list[int]) -> list[DraftTree | None]:
         """Each row's tree; under a planner, none when it rests the drafters, else cut to the size that pays for
-        the rows that drafted (a probe keeps whole trees)."""
+        the rows that drafted (a probe keeps whole trees). A drafter with partial drafts drafts only the k nodes
+        planned (`propose_first`), as at batch 1."""
         context_len = max(map(len, contexts)) - 1
         k, draft = (None, True) if self.planner is None else self.planner.plan(context_len, len(drafters))
         if self.drafter is None or not draft:
             return [None] * len(drafters)
         start = device_time(self.device, self.clock)
-        trees = [d.propose(c, m if k is None else min(m, k + 1)) for d, c, m in zip(drafters, contexts, max_tokens)]
+        if k is not None and self.drafter.partial_drafts:
+            trees = [d.propose_first(c, min(m, k + 1), k) for d, c, m in zip(drafters, contexts, max_tokens)]
+        else:
+            trees = [d.propose(c, m if k is None else min(m, k + 1)) for d, c, m in zip(drafters, contexts, max_tokens)]
         trees = [real_tree(t) for t in trees]
         if self.planner is None:
             return trees
         drafted = [t for t in trees if t is not None]
         self.planner.drafted(device_time(self.device, self.clock) - start, drafted if k is None else [], len(trees),
-                             len(drafted))
+                             len(drafted), nodes=k)
         if k is None or not drafted:
             return trees
         size = self.planner.cut(trees, context_len)

@@ -57,6 +57,7 @@ def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: 
         sized = drafter if profile is None else PlannedDrafter(drafter, profile, parts.device)
         decode = parts.decoder(SpeculativeEngine(model, sized, sampling), batched=False)
         return decode, decode if is_baseline else parts.decoder(baseline_engine, batched=False)
-    planner = None if profile is None else SpeculationPlanner(profile, probe_share=BATCH_PROBE_SHARE)
+    planner = None if profile is None or is_baseline else SpeculationPlanner(
+        profile, probe_share=BATCH_PROBE_SHARE, partial_drafts=drafter.partial_drafts)
     decode = parts.decoder(BatchedEngine(model, drafter, sampling, planner), batched=True)
     return decode, decode if is_baseline else parts.decoder(BatchedEngine(model, None, sampling), batched=True)

@@ -19,8 +19,9 @@ verifies whatever is kept, and a cut tree is still a tree (sibling draws stay pr
 
 The decisions live in `SpeculationPlanner`, which the batched engine (bench/engine/batched.py, gen.batch_size > 1) asks
 too, with the profile measured at its batch size: there a row's expected gain is scaled by the share of rows that
-returned a draft (the forward is as wide for all), and once the rows have drafted, `cut` picks the k that pays for
-the drafts actually returned.
+returned a draft (the forward is as wide for all), each row's drafter is asked for the k nodes planned (its first k
+with partial drafts), and once the rows have drafted, `cut` picks the k that pays for the drafts actually
+returned.
 """
 from __future__ import annotations
 
