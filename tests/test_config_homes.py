@@ -72,15 +72,16 @@ def test_the_command_line_wins_over_the_home(method):
     assert drafter(method, "smollm2_135m", "method.drafter.tree_size=null")["tree_size"] is None
 
 
-@pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3", "sps"])
+@pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "sps"])
 def test_the_bfloat16_model_has_the_float32_models_settings(method):
     assert drafter(method, "smollm2_135m_bf16") == drafter(method, "smollm2_135m")
 
 
-def test_eagle2_in_bfloat16_drafts_its_own_tree_and_samd_falls_back_to_it():
-    """The float32 head with the tree measured for bfloat16 (one level, wider); SAM-Decoding's fallback is EAGLE-2's."""
+def test_eagle2_and_eagle3_in_bfloat16_draft_their_own_tree_and_samd_falls_back_to_it():
+    """The float32 heads with the tree measured for bfloat16 (one level, wider); SAM-Decoding's fallback is EAGLE-2's."""
     tree = {"total_token": 8, "depth": 1, "top_k": 4}
-    assert drafter("eagle2", "smollm2_135m_bf16") == {**drafter("eagle2", "smollm2_135m"), **tree}
+    for method in ("eagle2", "eagle3"):
+        assert drafter(method, "smollm2_135m_bf16") == {**drafter(method, "smollm2_135m"), **tree}
     assert drafter("samd", "smollm2_135m_bf16") == {**drafter("samd", "smollm2_135m"),
                                                      "eagle2": {**drafter("samd", "smollm2_135m")["eagle2"], **tree}}
 
