@@ -22,6 +22,7 @@ from bench.report.tables import (
 
 PLOT_PREFIXES = ["speedup_by_task", "speedup_vs_mat", "accept_hist", "accept_by_position", "predicted_vs_measured",
                  "forward_time", "batch_sweep", "long_inputs", "temperature", "dtypes"]
+MARKERS = "osD^v<>Pp*hX"  # a line per method in the regime panels: colour and marker together tell them apart
 
 
 def _pyplot():
@@ -201,12 +202,14 @@ def _regime_panels(lines: dict[str, pd.DataFrame], x_label: str, path: Path, tit
     vanilla 1.0 line, and #MAT with its interval where it has one. `lines`: method -> frame of x, speedup, low,
     high, mat, mat_low, mat_high (NaN where unknown)."""
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method, rows in lines.items():
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2))
+    colors = plt.get_cmap("tab20").colors  # sixteen methods and more stay apart: a colour and a marker each
+    for i, (method, rows) in enumerate(lines.items()):
+        style = {"color": colors[i % len(colors)], "marker": MARKERS[i % len(MARKERS)]}
         for ax, (value, low, high) in ((left, ("speedup", "low", "high")), (right, ("mat", "mat_low", "mat_high"))):
             errors = None if rows[low].isna().all() else [(rows[value] - rows[low]).fillna(0),
                                                           (rows[high] - rows[value]).fillna(0)]
-            ax.errorbar(rows.x, rows[value], yerr=errors, marker="o", capsize=3, label=method)
+            ax.errorbar(rows.x, rows[value], yerr=errors, capsize=3, label=method, **style)
     left.axhline(1.0, color="black", linewidth=1, linestyle="--", label="vanilla (1.0x)")
     left.set_ylabel("speedup over vanilla (95% interval)")
     right.set_ylabel("mean accepted tokens per target forward (#MAT)")
@@ -215,7 +218,7 @@ def _regime_panels(lines: dict[str, pd.DataFrame], x_label: str, path: Path, tit
         if ticks is not None:
             ax.set_xticks(*ticks)
         ax.grid(alpha=0.3)
-    left.legend(fontsize=8)
+    right.legend(*left.get_legend_handles_labels(), fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(title, fontsize=9, wrap=True)
     _save(fig, path)
 
