@@ -78,7 +78,7 @@ def test_the_bfloat16_model_has_the_float32_models_settings(method):
 
 
 def test_eagle2_and_eagle3_in_bfloat16_draft_their_own_tree_and_samd_falls_back_to_it():
-    """The float32 heads with the tree measured for bfloat16 (one level, wider); SAM-Decoding's fallback is EAGLE-2's."""
+    """The float32 heads with the tree measured for bfloat16 (one level, wider); SAMD falls back to EAGLE-2's."""
     tree = {"total_token": 8, "depth": 1, "top_k": 4}
     for method in ("eagle2", "eagle3"):
         assert drafter(method, "smollm2_135m_bf16") == {**drafter(method, "smollm2_135m"), **tree}
