@@ -346,8 +346,9 @@ def test_run_with_sizing_auto_makes_the_profile_and_reports_time_shares(compose,
     profiles = list((tmp_path / "profiles").glob("tiny-*.json"))
     assert len(profiles) == 1 and json.loads(profiles[0].read_text())["lengths"] == [1, 2, 4, 8]
     row = summary.iloc[-1]
-    shares = sum(row[f"{p}_share"] for p in PHASES)
-    assert 0.9 < shares <= 1.0 and row.mean_verified_tokens >= 1.0 and row.predicted_speedup > 0
+    # the phases' reads lie inside each turn's timed block (nested, so load cannot break <= 1); every phase ran
+    assert all(row[f"{p}_share"] > 0 for p in PHASES) and sum(row[f"{p}_share"] for p in PHASES) <= 1.0
+    assert row.mean_verified_tokens >= 1.0 and row.predicted_speedup > 0
     assert "predicted_speedup" in pd.read_csv(out / "summary.csv").columns
 
 
@@ -384,7 +385,9 @@ def test_report_shows_predicted_beside_measured_and_the_forward_time_plot(compos
     board = write_report(tmp_path / "runs", tmp_path / "report")
     overall = board[board.task == "overall"].set_index("method")
     assert pd.isna(overall.loc["pld", "predicted_speedup"])  # made before any profile existed
-    assert overall.loc["pld+auto", "predicted_speedup"] > 0 and overall.loc["pld+auto", "verify_share"] > 0.2
+    measured = pd.read_csv(tmp_path / "runs" / "pld+auto" / "summary.csv").set_index("task").loc["overall"]
+    assert overall.loc["pld+auto", "predicted_speedup"] == pytest.approx(measured.predicted_speedup)
+    assert overall.loc["pld+auto", "verify_share"] == pytest.approx(measured.verify_share)  # the run's own figure
     text = (tmp_path / "report" / "leaderboard.md").read_text()
     costs = table_rows(text.split("### Where the time goes")[1])
     assert costs[0][:4] == ["method", "speedup", "predicted", "gap"]

@@ -117,8 +117,8 @@ class BatchQuestionDecoder(QuestionDecoder):
     """Decodes questions B at a time with a BatchedEngine: turn k of every question of the group in one batch, each
     asked with its own turns < k and answers. A turn's times are the row's share of the batch's (its tokens over the
     batch's tokens), so a question's tokens/s is its batch's throughput and the shares add up to the batch's time;
-    `latency` is the seconds from the batch's start until that row's last token, `batch_rows` the rows decoded
-    together. Returns per question its turns, or the PromptTooLong that stopped it."""
+    `latency` is the seconds from the batch's start until that row's last token (`row_latencies`), `batch_rows` the
+    rows decoded together. Returns per question its turns, or the PromptTooLong that stopped it."""
 
     def __call__(self, questions: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
         results: list = [[] for _ in questions]
@@ -142,7 +142,8 @@ class BatchQuestionDecoder(QuestionDecoder):
             ids = ", ".join(str(questions[i]["question_id"]) for i in rows)
             out, timings = self._repeated(prompts, [seeds[i] + index for i in rows], f"questions {ids} turn {index}")
             total = sum(len(turn.tokens) for turn in out.turns)
-            for i, prompt, turn, latency in zip(rows, prompts, out.turns, out.finish_seconds):
+            latencies = row_latencies(timings[0][0].wall, out.finish_seconds)
+            for i, prompt, turn, latency in zip(rows, prompts, out.turns, latencies):
                 share = len(turn.tokens) / total
                 text = self.tokenizer.decode(turn.tokens, skip_special_tokens=True).strip()
                 conversations[i].append({"role": "assistant", "content": text})
@@ -169,6 +170,14 @@ class BatchQuestionDecoder(QuestionDecoder):
                 raise RepeatMismatchError(f"{where}: repeat {repeat + 1} of {self.repeats} gave other tokens than "
                                           f"repeat 1 under the same settings and seeds (run with repeats=1)")
         return first, timings
+
+
+def row_latencies(batch_wall: float, finish_seconds: list[float]) -> list[float]:
+    """Each row's latency in the batch timed as `batch_wall` seconds (the repeat whose output is kept): the batch's
+    wall time less what the engine timed after that row's last token. The row that finished last gets the batch's
+    wall time exactly, so latency and wall time come from the same clock reads and load cannot order them otherwise."""
+    last = max(finish_seconds)
+    return [batch_wall - (last - finish) for finish in finish_seconds]
 
 
 def decode_group(decoder: QuestionDecoder, questions: list[dict], seeds: list[int]) -> list[list[dict] | PromptTooLong]:
