@@ -8,15 +8,20 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning, sizing_of
 from bench.artifacts import PROJECT_ROOT
 from bench.errors import ConfigError, MissingArtifactError, exit_on_user_error
+from bench.run_folder import settings_label
 
 CONF_DIR = PROJECT_ROOT / "conf"
 COMMAND_VARIABLE = "SPECBENCH_COMMAND"  # the command line a run or sweep was started with, inherited by its jobs
 NOUNS = {"train": "methods with a training recipe"}  # how a choice listing names a folder's files; else <folder>s
+
+
+if not OmegaConf.has_resolver("settings_label"):  # conf/config.yaml's out_dir: the settings that decide the answers
+    OmegaConf.register_new_resolver("settings_label", lambda *, _root_: settings_label(_root_))
 
 
 def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:

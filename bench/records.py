@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.errors import ConfigError
+
 PHASES = ("prefill", "draft", "verify", "accept")  # a turn's phase_times keys (the engine's phases)
 TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
 # Also beyond it, for the cost model: seconds per engine phase, tokens per verification forward, whether it took a
@@ -166,9 +168,10 @@ class AnswerFile:
                 if record.get("run_key") == run_key:
                     self.records[record["question_id"]] = record
                 elif strict:
-                    raise ValueError(
-                        f"{path} line {line_no} was written by a run with other settings (run_key "
-                        f"{record.get('run_key')} != {run_key}); pass a fresh out_dir=... or delete that file"
+                    raise ConfigError(
+                        f"{path} line {line_no} holds an answer made with other weights, datastore or device than "
+                        f"this run's, under the same settings (run_key {record.get('run_key')} there, {run_key} here): "
+                        f"pass another out_dir=..."
                     )
 
     def __contains__(self, question_id: int) -> bool:

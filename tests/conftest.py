@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,11 @@ def tiny_overrides(checkpoint, out_dir) -> list[str]:
             "model.dtype=float64", "device=cpu", f"out_dir={out_dir}", "gen.max_new_tokens=12", "warmup_tokens=2",
             f"profile.dir={Path(out_dir).parent / 'profiles'}", "profile.lengths=[1,2,4,8]", "profile.contexts=[16,64]",
             "profile.repeats=1"]
+
+
+def folder_stem(out_dir: str) -> str:
+    """A default out_dir without its settings label (`-1024tok-3fa9c1`: bench/run_folder.py)."""
+    return re.sub(r"-\d+tok(-t[0-9.]+-s\d+)?-[0-9a-f]{6}$", "", out_dir)
 
 
 @pytest.fixture

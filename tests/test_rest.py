@@ -116,7 +116,9 @@ def test_resuming_after_the_datastore_was_rebuilt_is_refused(compose, tmp_path):
     run(compose(*args))
     run(compose(*args, "task.limit=2"))  # same datastore: the run resumes
     write_datastore(store, TURNS[:2], sort_depth=4)
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(ValueError, match="holds an answer made with other weights, datastore or device than this "
+                                         r"run's, under the same settings \(run_key [0-9a-f]+ there, [0-9a-f]+ here\): "
+                                         r"pass another out_dir=...$"):
         run(compose(*args, "task.limit=3"))
 
 

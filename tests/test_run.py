@@ -17,6 +17,7 @@ from bench.artifacts import PROJECT_ROOT
 from bench.blas import BLAS_ENVIRONMENT, code_path_origin
 from bench.engine.drafter import Drafter
 from bench.engine.loop import StopCondition, TurnOutput
+from bench.errors import ConfigError
 from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
 from bench.measure.exactness import find_divergence
 from bench.measure.run import run
@@ -65,10 +66,14 @@ def test_rerun_resumes_instead_of_redoing_and_sets_a_cut_off_line_aside(compose,
     assert capsys.readouterr().err.count("moved 1 cut-off line(s)") == 1
 
 
-def test_other_settings_in_same_out_dir_are_refused(compose):
+def test_other_settings_in_same_out_dir_are_refused_before_the_model_loads(compose, tmp_path, monkeypatch):
     run(compose("task=qa", "task.limit=1"))
-    with pytest.raises(ValueError, match="other settings"):
+    monkeypatch.setattr(bench.measure.run, "load_model", lambda *a: pytest.fail("loaded the model"))
+    with pytest.raises(ConfigError) as refused:
         run(compose("task=qa", "task.limit=1", "gen.max_new_tokens=5"))
+    assert str(refused.value) == (f"out_dir={tmp_path / 'run'} holds answers made with gen.max_new_tokens=12; this "
+                                  f"command asks gen.max_new_tokens=5: pass another out_dir=..., or leave out_dir "
+                                  f"unset to get a folder of its own for each setting")
 
 
 def test_method_run_interleaves_vanilla_and_matches_it(compose, tmp_path):
@@ -233,7 +238,8 @@ def test_a_normal_run_is_not_flagged(compose, tmp_path, monkeypatch, capsys, one
     # a process that had its one thread's CPU all the time: CPU seconds equal wall seconds, whatever else runs
     monkeypatch.setattr(bench.engine.timing.time, "process_time", time.perf_counter)
     summary = run(compose("method=vanilla", "task=qa", "task.limit=2", THRESHOLD))
-    assert summary.starved.tolist() == [False, False] and summary.cpu_share.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert summary.starved.tolist() == [False, False]
+    assert summary.cpu_share.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["starved"] is False
     out = capsys.readouterr().out
     assert "CPU share while timing:" in out and "not starved" in out and "STARVED" not in out

@@ -18,6 +18,7 @@ from bench.measure.contention import available_cores, machine_load, start_warnin
 from bench.measure.protocol import InterleavedRun
 from bench.models import load_model, load_tokenizer, resolve_device
 from bench.records import writing_folder
+from bench.run_folder import claim_folder
 from bench.settings import RunSettings
 from bench.validate import validate
 from tasks import load_questions
@@ -31,6 +32,7 @@ def run(cfg: DictConfig, settings: RunSettings | None = None) -> pd.DataFrame | 
     no answers)."""
     started = time.time()
     with writing_folder(Path(cfg.out_dir)):
+        claim_folder(Path(cfg.out_dir), cfg)  # before anything loads: a folder of other settings is refused
         return run_in_folder(cfg, settings, started)
 
 
