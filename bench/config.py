@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bench import DEPRECATED_SIZING, SIZINGS, deprecated_meaning, sizing_of
 from bench.artifacts import PROJECT_ROOT
@@ -76,6 +76,10 @@ def _warn(old_key: str, old_value, new_key: str, new_value) -> None:
 def config_choices(folder: str, conf_dir: Path = CONF_DIR) -> list[str]:
     """The names a config group takes from conf/<folder>/*.yaml (conf/method/ -> eagle, eagle2, ..., vanilla)."""
     return sorted(path.stem for path in (conf_dir / folder).glob("*.yaml"))
+
+
+if not OmegaConf.has_resolver("config_choices"):  # the commands' --help (conf/hydra/help/) lists a group's choices
+    OmegaConf.register_new_resolver("config_choices", lambda folder: ", ".join(config_choices(folder)))
 
 
 def unknown_choice(group: str, name: str, folder: str | None = None) -> str | None:
