@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = command_line().parse_args(argv).overrides
     from bench.models import load_model, resolve_device
     from bench.planning.costmodel import ProfileError
-    from bench.planning.profile import find_profile, make_profile, print_profile
+    from bench.planning.profile import find_profile, make_profile, origin_text, print_profile, profile_origin
     from bench.validate import validate
 
     with exit_on_user_error(ProfileError):
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         if not cfg.profile.force:
             try:
                 profile = find_profile(cfg, device)
-                print(f"a profile for this setting exists ({profile.measured}); profile.force=true remakes it")
+                print(f"a profile for this setting exists: {origin_text(profile_origin(cfg, profile))}; "
+                      f"profile.force=true remakes it on this host")
                 print_profile(profile)
                 return
             except ProfileError:
