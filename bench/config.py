@@ -83,6 +83,10 @@ def config_choices(folder: str, conf_dir: Path = CONF_DIR) -> list[str]:
     return sorted(path.stem for path in (conf_dir / folder).glob("*.yaml"))
 
 
+if not OmegaConf.has_resolver("config_choices"):  # the commands' --help (conf/hydra/help/) lists a group's choices
+    OmegaConf.register_new_resolver("config_choices", lambda folder: ", ".join(config_choices(folder)))
+
+
 def unknown_choice(group: str, name: str, folder: str | None = None) -> str | None:
     """`method=pdl: no conf/method/pdl.yaml; methods: eagle, ...` when `name` has no YAML in conf/<folder> (the
     group's own by default), else None."""

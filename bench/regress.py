@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"relative drop of speedup allowed (default: the file's, else "
                              f"{gate.DEFAULT_TOLERANCES['speedup']})")
     parser.add_argument("--allow-missing", action="store_true",
-                        help="a baseline method x task absent from PATH is a note, not a failure")
+                        help="gate only what PATH holds: baseline entries absent from it are a note, not a failure")
     parser.add_argument("--update", action="store_true", help="write/merge the baseline from PATH instead of checking")
     args = parser.parse_args(argv)
     try:

@@ -1,9 +1,13 @@
 """Every command has one home: its main() lives in its command module (`python -m bench.<name>`), library modules
-have none, every console script of pyproject.toml names one of them, and docs/running.md lists them all."""
+have none, every console script of pyproject.toml names one of them, docs/running.md lists them all, and each
+answers --help with its usage."""
 from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tomllib
@@ -49,9 +53,13 @@ def test_every_main_and_every_script_block_is_in_a_command_module():
     assert mains == set(COMMANDS) and scripts <= set(COMMANDS)
 
 
+def console_scripts() -> dict[str, str]:
+    """pyproject.toml's [project.scripts]: {script name: "module:function"}."""
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
 def test_each_console_script_is_a_command_main_that_imports():
-    scripts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    targets = {name: target.split(":") for name, target in scripts.items()}
+    targets = {name: target.split(":") for name, target in console_scripts().items()}
     assert {module for module, _ in targets.values()} == set(COMMANDS)
     for name, (module, function) in targets.items():
         assert function == "main" and callable(getattr(importlib.import_module(module), function)), name
@@ -86,3 +94,48 @@ def test_the_datastore_command_builds_rest_or_samd_and_refuses_other_methods(mon
         bench.datastore.build(configs[2])
     assert refused.value.code == 2 and capsys.readouterr().err == \
         "error: method=eagle: has no corpus index to build; methods with one: rest, samd\n"
+
+
+def help_commands() -> dict[str, list[str]]:
+    """{what a user types: argv answering --help}: each `python -m` module with a script block (its package for a
+    __main__), and each console script of pyproject.toml, run as its installed wrapper runs it (main() with the
+    script's name as argv[0]) on this checkout's code."""
+    runnable = sorted(name.removesuffix(".__main__") for name, tree in modules().items() if runs_as_script(tree))
+    commands = {f"python -m {module}": [sys.executable, "-m", module, "--help"] for module in runnable}
+    for name, target in console_scripts().items():
+        module, function = target.split(":")
+        wrapper = f"import sys; from {module} import {function}; sys.argv[0] = {name!r}; sys.exit({function}())"
+        commands[name] = [sys.executable, "-c", wrapper, "--help"]
+    return commands
+
+
+@pytest.fixture(scope="module")
+def help_outputs() -> dict[str, subprocess.CompletedProcess]:
+    """Every help_commands() command run once, two at a time (each imports torch)."""
+    def answer(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+
+    commands = help_commands()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(commands, pool.map(answer, commands.values())))
+
+
+def test_every_command_and_console_script_answers_help_with_its_usage(help_outputs):
+    assert len(help_outputs) == 2 * len(COMMANDS)  # each command as `python -m` and as its console script
+    modules_of = {name: target.split(":")[0].removesuffix(".__main__") for name, target in console_scripts().items()}
+    for command, done in help_outputs.items():
+        module = modules_of.get(command, command.removeprefix("python -m "))
+        assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
+        assert done.stdout.startswith(f"usage: python -m {module} "), command
+
+
+def test_the_benchmark_help_is_a_page_of_usage_not_the_config(help_outputs):
+    text = help_outputs["python -m bench"].stdout
+    assert len(text.splitlines()) < 30 and "out_dir: results/runs" not in text  # Hydra's dump: --cfg job
+    for line in ("python -m bench -m method=pld,suffix,eagle2", "python -m bench.report results/runs --out report",
+                 "task.limit=N", "gen.max_new_tokens=N", "gen.temperature=T", "method.drafter.<knob>=V", "out_dir=PATH",
+                 "docs/running.md", "--cfg job", "--info"):
+        assert line in text, line
+    groups = dict(line.split(None, 1) for line in text.split("Config groups")[1].split("\n\n")[0].splitlines()[1:])
+    assert groups["method"] == ", ".join(sorted(p.stem for p in (PROJECT_ROOT / "conf" / "method").glob("*.yaml")))
+    assert set(groups) == {"method", "task", "model", "server"}

@@ -352,6 +352,39 @@ def test_run_with_sizing_auto_makes_the_profile_and_reports_time_shares(compose,
     assert "predicted_speedup" in pd.read_csv(out / "summary.csv").columns
 
 
+def test_a_run_says_where_its_profile_was_measured_in_one_line_and_in_meta(compose, tmp_path, capsys):
+    """The predicted speedup names its profile: none (NaN, and the command that makes one), this host's (made by an
+    auto run), or another host's of the same CPU model (and the command that measures this one's)."""
+    import socket
+
+    from bench.planning.profile import setting_command
+
+    def ran(name: str, *overrides: str) -> tuple[list[str], dict]:
+        """The run's lines on its profile, and its meta.json's profile_origin."""
+        out = tmp_path / "runs" / name
+        run(compose("method=pld", "task=qa", "task.limit=1", f"out_dir={out}", *overrides))
+        notes = [line for line in capsys.readouterr().out.splitlines() if "forward-time profile" in line]
+        return notes, json.loads((out / "meta.json").read_text())["profile_origin"]
+
+    command = setting_command(compose(), torch.device("cpu"))
+    assert ran("none") == ([f"predicted_speedup: NaN, no forward-time profile for this setting; measure one with: "
+                            f"{command}"], None)
+    notes, origin = ran("here", "method.sizing=auto")  # makes the profile on this host
+    path = next((tmp_path / "profiles").glob("tiny-*.json"))
+    stored = json.loads(path.read_text())
+    assert origin == {"file": str(path), "host": socket.gethostname(), "this_host": True,
+                      "measured": stored["measured"], "device_name": stored["setting"]["device_name"]}
+    assert notes == [f"predicted_speedup and method.sizing=auto from the forward-time profile {path}, measured on "
+                     f"this host ({stored['measured']})"]
+    path.write_text(json.dumps({**stored, "host": "elsewhere"}))  # the same CPU model on another host
+    notes, origin = ran("elsewhere")
+    assert origin == {"file": str(path), "host": "elsewhere", "this_host": False, "measured": stored["measured"],
+                      "device_name": stored["setting"]["device_name"]}
+    assert notes == [f"predicted_speedup from the forward-time profile {path}, measured on host elsewhere "
+                     f"({stored['measured']}) with this host's {stored['setting']['device_name']}; this host's: "
+                     f"{command} profile.force=true"]
+
+
 def test_out_dir_names_auto_runs_apart(compose):
     from bench.config import compose_config
 

@@ -80,8 +80,8 @@ def test_the_baseline_goes_first_every_other_group_and_a_resume_answers_nothing(
     assert list(pd.read_csv(tmp_path / "run" / "summary.csv").columns[:3]) == ["method", "task", "batch_size"]
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta == {"config": {}, "started": 2.0, "run_key": method_key, "baseline_run_key": baseline_key,
-                    "skipped_questions": [], "start_warnings": [], "profile": None, "cpu_share": None,
-                    "starved": None}
+                    "skipped_questions": [], "start_warnings": [], "profile": None, "profile_origin": None,
+                    "cpu_share": None, "starved": None}
 
 
 def test_exact_match_and_divergence_against_the_baseline_null_when_sampling(settings, tmp_path):

@@ -107,18 +107,48 @@ def test_speedup_drop_beyond_its_tolerance_fails(tmp_path, baseline):
     assert check(tmp_path / "slower", baseline, allow_missing=True, speedup_tolerance=0.5)[0] == 0
 
 
-def test_missing_method_fails_unless_allowed(tmp_path, baseline):
+def test_missing_entries_fail_in_one_line_unless_allowed(tmp_path, baseline):
     pld_run(tmp_path / "only-pld" / "pld")
     status, text = check(tmp_path / "only-pld", baseline)
-    assert status == 1 and "FAIL  vanilla / overall: in the baseline but not in these runs" in text
-    assert check(tmp_path / "only-pld", baseline, allow_missing={"vanilla"})[0] == 0
+    assert status == 1 and text.count("FAIL  ") == 1
+    assert "FAIL  7 baseline method x task entries are not in these runs: 1 method(s) not run (vanilla)\n" in text
+    status, text = check(tmp_path / "only-pld", baseline, allow_missing={"vanilla"})  # bench.smoke skipped vanilla
+    assert status == 0 and "note  7 baseline method x task entries are not in these runs (allowed): 1 method(s) not " \
+                           "run (vanilla)\n" in text
     assert check(tmp_path / "only-pld", baseline, allow_missing={"sps"})[0] == 1
 
 
-def test_other_question_counts_are_not_compared(tmp_path, baseline):
-    pld_run(tmp_path / "few" / "pld", limit_to={321})
-    status, text = check(tmp_path / "few", baseline, allow_missing=True)
-    assert status == 1 and "FAIL  pld / overall: ran on 1 questions, the baseline on 6" in text
+def test_runs_of_part_of_the_baseline_say_what_they_hold_and_how_to_gate_only_that(tmp_path, baseline, capsys):
+    """A newcomer's runs (pld on two tasks, no vanilla): what they hold, what they lack as a count (pld's overall
+    averages other tasks here, so it is not compared), and the flag that gates only what they hold."""
+    pld_run(tmp_path / "some" / "pld", limit_to={321, 481})
+    status, text = check(tmp_path / "some", baseline)
+    assert status == 1 and text.splitlines()[1:] == [
+        "regress: these runs hold 2 of the baseline's 14 method x task entries: pld on qa, rag",
+        "FAIL  12 baseline method x task entries are not in these runs: 1 method(s) not run (vanilla); pld without "
+        "mt_bench, translation, summarization, math_reasoning, overall (an overall over other tasks than the "
+        "baseline's is not compared)",
+        f"regress: to gate only the entries these runs hold: python -m bench.regress {tmp_path / 'some'} --baseline "
+        f"{baseline} --allow-missing",
+        "regress: FAILED: 1 problem(s); 2 of 14 baseline method x task entries compared, 1 methods in the runs"]
+    with pytest.raises(SystemExit) as allowed:
+        main([str(tmp_path / "some"), "--baseline", str(baseline), "--allow-missing"])
+    text = capsys.readouterr().out
+    assert allowed.value.code == 0 and "note  12 baseline method x task entries are not in these runs (allowed)" in text
+    assert "regress: passed: 0 problem(s); 2 of 14 baseline method x task entries compared" in text
+
+
+def test_runs_that_hold_none_of_the_baseline_are_nothing_to_compare(tmp_path, baseline):
+    method_run(tmp_path / "other" / "sps", "sps", {qid: 1.5 for qid, _ in QUESTIONS}, [3, 3, 3, 2])
+    with pytest.raises(RegressError, match=r"none of the baseline's 14 method x task entries is in these runs \(they "
+                                           r"hold sps\)"):
+        check(tmp_path / "other", baseline, allow_missing=True)
+
+
+def test_other_question_counts_are_not_compared(results, baseline):
+    edit(baseline, "pld", "qa", n_questions=2)
+    status, text = check(results, baseline)
+    assert status == 1 and "FAIL  pld / qa: ran on 1 questions, the baseline on 2: not comparable" in text
 
 
 def test_report_folder_and_run_folder_are_read_too(results, baseline, tmp_path):
@@ -128,7 +158,7 @@ def test_report_folder_and_run_folder_are_read_too(results, baseline, tmp_path):
     status, text = check(tmp_path / "report", baseline)
     assert status == 1 and "pld / mt_bench: mean accepted tokens" in text
     status, text = check(results / "pld", baseline)  # one run folder: vanilla missing, mt_bench still too low
-    assert status == 1 and "pld / mt_bench" in text and "vanilla / overall: in the baseline but not" in text
+    assert status == 1 and "pld / mt_bench" in text and "not in these runs: 1 method(s) not run (vanilla)" in text
 
 
 def test_runs_of_another_setting_are_an_error(tmp_path, baseline):
@@ -240,7 +270,8 @@ def test_the_committed_baseline_is_accepted_by_the_gate(tmp_path, batch_column):
     board.drop(columns=[] if batch_column else ["batch_size"]).to_csv(tmp_path / "report" / "leaderboard.csv")
     status, text = check(tmp_path / "report", path)
     entries = sum(len(tasks) for tasks in data["methods"].values())
-    assert status == 0 and f"passed: 0 problem(s); {entries} baseline method x task entries" in text
+    assert status == 0 and f"passed: 0 problem(s); {entries} of {entries} baseline method x task entries compared" \
+        in text and "these runs hold" not in text
     assert "batch_size=1" in text
 
 

@@ -58,7 +58,8 @@ def test_smoke_skips_missing_artifacts_fails_on_errors_and_checks_the_baseline(t
     text = capsys.readouterr().out
     assert "FAILED sps:" in text and "RuntimeError: sps is broken" in text
     assert smoke_module.smoke(out, ["vanilla"], overrides, baseline) == 1  # pld is in the baseline, not skipped
-    assert "FAIL  pld / overall: in the baseline but not in these runs" in capsys.readouterr().out
+    assert "FAIL  7 baseline method x task entries are not in these runs: 1 method(s) not run (pld)" in \
+        capsys.readouterr().out
 
 
 def test_smoke_fails_when_a_bfloat16_divergence_is_not_a_proven_tie(tmp_path, monkeypatch, capsys):

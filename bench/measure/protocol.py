@@ -85,8 +85,8 @@ class Backend(ABC):
         """meta.json's facts of where the numbers come from (bench.measure.provenance.run_metadata's keys)."""
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
-        """meta.json's keys read from the summary (None: no answers): profile, cpu_share, starved."""
-        return {"profile": None, "cpu_share": None, "starved": None}
+        """meta.json's keys read from the summary (None: no answers): profile and its origin, cpu_share, starved."""
+        return {"profile": None, "profile_origin": None, "cpu_share": None, "starved": None}
 
     @abstractmethod
     def heading(self) -> str:

@@ -57,7 +57,8 @@ def profile_path(directory: str | Path, setting: dict) -> Path:
 @dataclass
 class Profile:
     """t(L, c) on one setting: seconds[i][j] for contexts[i] and lengths[j], chains; tree_seconds alike, tree steps
-    (None in profiles made before tree points existed); point_kinds says in the JSON which table is which."""
+    (None in profiles made before tree points existed); point_kinds says in the JSON which table is which; host: the
+    host name it was measured on (None in profiles made before they recorded it)."""
 
     setting: dict
     lengths: list[int]
@@ -67,6 +68,7 @@ class Profile:
     measured: str = ""
     tree_seconds: list[list[float]] | None = None
     point_kinds: dict | None = None
+    host: str | None = None
 
     def forward_seconds(self, length: float, context: float, tree: bool = False) -> float:
         """t(L, c) of a chain step (or, with `tree`, of a step with a tree mask), bilinear between the measured sizes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -34,11 +35,41 @@ def batch_size(cfg: DictConfig) -> int:
 
 
 def find_profile(cfg: DictConfig, device: torch.device) -> Profile:
-    """The stored profile for this run's setting (at gen.batch_size); ProfileError (with the command that makes it)
+    """The stored profile for this run's setting (at gen.batch_size), wherever it was measured: on this host, or on
+    another of the same device model (profile_origin says which); ProfileError (with the command that makes it)
     otherwise."""
     setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
-    return Profile.load(profile_path(cfg.profile.dir, setting), setting,
-                        profile_command(cfg.model.name, device, setting["threads"], batch_size(cfg)))
+    return Profile.load(profile_path(cfg.profile.dir, setting), setting, setting_command(cfg, device))
+
+
+def setting_command(cfg: DictConfig, device: torch.device) -> str:
+    """The command that measures the profile of this run's setting on this host."""
+    return profile_command(cfg.model.name, device, profile_setting(cfg.model, device)["threads"], batch_size(cfg))
+
+
+def profile_origin(cfg: DictConfig, profile: Profile) -> dict:
+    """meta.json's `profile_origin`: the profile's file, the host and time it was measured (host null in profiles
+    made before they recorded it), whether that host is this one, and its device model."""
+    return {"file": str(profile_path(cfg.profile.dir, profile.setting)), "host": profile.host,
+            "this_host": profile.host == socket.gethostname(), "measured": profile.measured,
+            "device_name": profile.setting["device_name"]}
+
+
+def origin_text(origin: dict) -> str:
+    """`<file>, measured on this host (<when>)`, or on which other host of the same device model."""
+    if origin["this_host"]:
+        return f"{origin['file']}, measured on this host ({origin['measured']})"
+    host = f"host {origin['host']}" if origin["host"] else "a host it does not name"
+    return f"{origin['file']}, measured on {host} ({origin['measured']}) with this host's {origin['device_name']}"
+
+
+def profile_note(origin: dict | None, uses: str, command: str) -> str:
+    """The run's one line on the profile behind `uses` (its predicted_speedup, its method.sizing=auto): where it was
+    measured, and the command that measures this host's where it was not here."""
+    if origin is None:
+        return f"{uses}: NaN, no forward-time profile for this setting; measure one with: {command}"
+    line = f"{uses} from the forward-time profile {origin_text(origin)}"
+    return line if origin["this_host"] else f"{line}; this host's: {command} profile.force=true"
 
 
 def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
@@ -54,7 +85,7 @@ def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
         seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar,
                                         batch=batch_size(cfg))
     profile = Profile(setting, lengths, contexts, seconds["chain"], cfg.profile.repeats,
-                      time.strftime("%Y-%m-%dT%H:%M:%S"), seconds["tree"], POINT_KINDS)
+                      time.strftime("%Y-%m-%dT%H:%M:%S"), seconds["tree"], POINT_KINDS, socket.gethostname())
     profile.save(profile_path(cfg.profile.dir, setting))
     return profile
 

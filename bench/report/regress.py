@@ -11,7 +11,10 @@ naming the method and task) when:
 - speedup falls below the baseline by more than --speedup-tolerance (relative, default 30%: timings are noisy),
   and so does the top of its 95% interval (bench.measure.metrics): a noisy run whose interval still reaches the floor
   is a note, a real loss fails. Runs without an interval (one question, or older files) use the point figure;
-- a method x task of the baseline is missing from PATH (unless --allow-missing) or ran on another number of questions.
+- a method x task of the baseline ran on another number of questions;
+- a method x task of the baseline is missing from PATH: counted in one line after one that says what PATH holds
+  (a method's overall over other tasks than the baseline's counts as missing); --allow-missing makes that a note,
+  gating only what PATH holds. PATH holding none of the baseline is nothing to compare (exit status 2).
 A run timed while starved of CPU (bench.measure.contention) is named in a note.
 `--update` writes the baseline from PATH instead (merging into an existing file), after the exact-match check.
 A baseline carries the records' `format` (bench/records.py); one without it counted #MAT with the prefill as a step
@@ -50,7 +53,8 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
-        return f"{'FAIL' if self.failed else 'note'}  {self.method} / {self.task}: {self.message}"
+        where = f"{self.method} / {self.task}: " if self.method else ""  # none: a finding about many entries
+        return f"{'FAIL' if self.failed else 'note'}  {where}{self.message}"
 
 
 def current_board(path: Path) -> pd.DataFrame:
@@ -113,39 +117,107 @@ def exact_match_findings(rows: pd.DataFrame) -> list[Finding]:
     return findings
 
 
+@dataclass
+class Coverage:
+    """A baseline's method x task entries that the runs hold (`compared`) and those they lack (`missing`), each as
+    {method: [task, ...]} in the baseline's order."""
+    compared: dict[str, list[str]]
+    missing: dict[str, list[str]]
+
+
+def entry_count(entries: dict[str, list[str]]) -> int:
+    return sum(len(tasks) for tasks in entries.values())
+
+
+def coverage(rows: pd.DataFrame, baseline: dict) -> Coverage:
+    """Which baseline entries the rows hold. A method's `overall` counts as held only where the rows hold the same
+    tasks of it as the baseline: over other tasks it averages other questions."""
+    held: dict[str, set[str]] = {}
+    for method, task in zip(rows.method, rows.task):
+        held.setdefault(method, set()).add(task)
+    compared: dict[str, list[str]] = {}
+    missing: dict[str, list[str]] = {}
+    for method, tasks in baseline.get("methods", {}).items():
+        ran = held.get(method, set())
+        same_tasks = ran - {"overall"} == set(tasks) - {"overall"}
+        for task in tasks:
+            found = task in ran and (task != "overall" or same_tasks)
+            (compared if found else missing).setdefault(method, []).append(task)
+    return Coverage(compared, missing)
+
+
 def compare(rows: pd.DataFrame, baseline: dict, tolerances: dict,
             allow_missing: bool | Collection[str] = False) -> list[Finding]:
     """Findings of the current rows (one setting) against the baseline's methods; failed ones make regress fail.
     allow_missing: True, or the methods that may be absent (a smoke run that skipped them), without failing."""
     findings = exact_match_findings(rows)
     current = {(r.method, r.task): r for r in rows.itertuples()}
-    mat_tol, speed_tol = tolerances["mean_accepted_tokens"], tolerances["speedup"]
-    for method, tasks in baseline.get("methods", {}).items():
-        for task, expected in tasks.items():
-            row = current.get((method, task))
-            if row is None:
-                allowed = allow_missing if isinstance(allow_missing, bool) else method in allow_missing
-                findings.append(Finding(not allowed, method, task, "in the baseline but not in these runs"))
-                continue
-            if expected.get("n_questions") is not None and int(row.n_questions) != int(expected["n_questions"]):
-                findings.append(Finding(True, method, task, f"ran on {int(row.n_questions)} questions, the baseline "
-                                        f"on {int(expected['n_questions'])}: not comparable (same task.limit, or "
-                                        f"--update)"))
-                continue
-            mat = row.mean_accepted_tokens
-            findings += drop_findings(method, task, "mean accepted tokens", expected.get("mean_accepted_tokens"),
-                                      (mat, mat, mat), mat_tol)
-            interval = (row.speedup_ci_low, row.speedup_ci_high)
-            if any(_nan(v) for v in interval):  # one question, or a leaderboard written before intervals
-                interval = (row.speedup, row.speedup)
-            findings += drop_findings(method, task, "speedup", expected.get("speedup"),
-                                      (row.speedup, *interval), speed_tol)
+    covered = coverage(rows, baseline)
+    for method, tasks in covered.compared.items():
+        for task in tasks:
+            findings += entry_findings(method, task, baseline["methods"][method][task], current[method, task],
+                                       tolerances)
+    findings += missing_findings(covered.missing, baseline, allow_missing)
     for row in rows[(rows.task == "overall") & rows.starved.map(is_flagged)].itertuples():
         findings.append(Finding(False, row.method, "overall", f"timed while starved of CPU (CPU share "
                                 f"{row.cpu_share:.0%}): its speedups are not to be trusted"))
     for method in sorted(set(rows.method) - set(baseline.get("methods", {}))):
         findings.append(Finding(False, method, "*", "not in the baseline (add it with --update)"))
     return findings
+
+
+def entry_findings(method: str, task: str, expected: dict, row, tolerances: dict) -> list[Finding]:
+    """One baseline entry against the row of the runs that holds it: its question count, #MAT and speedup."""
+    if expected.get("n_questions") is not None and int(row.n_questions) != int(expected["n_questions"]):
+        return [Finding(True, method, task, f"ran on {int(row.n_questions)} questions, the baseline on "
+                                            f"{int(expected['n_questions'])}: not comparable (same task.limit, or "
+                                            f"--update)")]
+    mat = row.mean_accepted_tokens
+    interval = (row.speedup_ci_low, row.speedup_ci_high)
+    if any(_nan(v) for v in interval):  # one question, or a leaderboard written before intervals
+        interval = (row.speedup, row.speedup)
+    return drop_findings(method, task, "mean accepted tokens", expected.get("mean_accepted_tokens"), (mat, mat, mat),
+                         tolerances["mean_accepted_tokens"]) + \
+        drop_findings(method, task, "speedup", expected.get("speedup"), (row.speedup, *interval),
+                      tolerances["speedup"])
+
+
+def missing_findings(missing: dict[str, list[str]], baseline: dict,
+                     allow_missing: bool | Collection[str]) -> list[Finding]:
+    """The baseline entries the runs lack, as one failed finding (those not allowed) and one note (those allowed)
+    rather than a line each."""
+    findings = []
+    for failed in (True, False):
+        part = {method: tasks for method, tasks in missing.items() if failed != may_miss(method, allow_missing)}
+        if part:
+            allowed = "" if failed else " (allowed)"
+            findings.append(Finding(failed, "", "", f"{entry_count(part)} baseline method x task entries are not "
+                                                    f"in these runs{allowed}: {missing_text(part, baseline)}"))
+    return findings
+
+
+def may_miss(method: str, allow_missing: bool | Collection[str]) -> bool:
+    """Whether `allow_missing` (True, or the methods that may be absent) lets the runs lack `method`'s entries."""
+    return allow_missing if isinstance(allow_missing, bool) else method in allow_missing
+
+
+def missing_text(missing: dict[str, list[str]], baseline: dict) -> str:
+    """`2 method(s) not run (eagle, sps); pld, vanilla without mt_bench, overall (...)`: the methods with no entry in
+    the runs, then the others grouped by the tasks they lack."""
+    unrun = [method for method, tasks in missing.items() if len(tasks) == len(baseline["methods"][method])]
+    parts = [f"{len(unrun)} method(s) not run ({', '.join(sorted(unrun))})"] if unrun else []
+    partly = {method: tasks for method, tasks in missing.items() if method not in unrun}
+    parts += [f"{methods} without {tasks}" for tasks, methods in grouped(partly).items()]
+    overall = any("overall" in tasks for tasks in partly.values())
+    return "; ".join(parts) + (" (an overall over other tasks than the baseline's is not compared)" if overall else "")
+
+
+def grouped(entries: dict[str, list[str]]) -> dict[str, str]:
+    """{"task, task": "method, method"}: the methods of `entries` grouped by their tasks."""
+    groups: dict[str, list[str]] = {}
+    for method, tasks in entries.items():
+        groups.setdefault(", ".join(tasks), []).append(method)
+    return {tasks: ", ".join(methods) for tasks, methods in groups.items()}
 
 
 def drop_findings(method: str, task: str, name: str, want: float | None, got: tuple[float, float, float],
@@ -233,20 +305,43 @@ def regress(path: Path, baseline_path: Path, mat_tolerance: float | None = None,
           f"tolerances: mean accepted tokens {tolerances['mean_accepted_tokens']:.0%}, "
           f"speedup {tolerances['speedup']:.0%})", file=out)
     if update:
-        failures = [f for f in exact_match_findings(rows) if f.failed]
-        for finding in failures:
-            print(finding, file=out)
-        if failures:
-            print(f"regress: baseline NOT written: {len(failures)} method x task(s) differ from vanilla", file=out)
-            return 1
-        written = update_baseline(baseline_path, rows, existing, tolerances, path)
-        print(f"regress: wrote {baseline_path} ({len(written['methods'])} methods)", file=out)
-        return 0
-    findings = compare(rows, existing, tolerances, allow_missing)
+        return update_from(rows, existing, tolerances, baseline_path, path, out)
+    return gate(rows, existing, tolerances, allow_missing, f"python -m bench.regress {path} --baseline {baseline_path}",
+                out)
+
+
+def update_from(rows: pd.DataFrame, existing: dict | None, tolerances: dict, baseline_path: Path, source: Path,
+                out) -> int:
+    """update_baseline from the rows, unless some differ from vanilla (exit status 1)."""
+    failures = [f for f in exact_match_findings(rows) if f.failed]
+    for finding in failures:
+        print(finding, file=out)
+    if failures:
+        print(f"regress: baseline NOT written: {len(failures)} method x task(s) differ from vanilla", file=out)
+        return 1
+    written = update_baseline(baseline_path, rows, existing, tolerances, source)
+    print(f"regress: wrote {baseline_path} ({len(written['methods'])} methods)", file=out)
+    return 0
+
+
+def gate(rows: pd.DataFrame, baseline: dict, tolerances: dict, allow_missing: bool | Collection[str], command: str,
+         out) -> int:
+    """compare's findings, failures first, after what the runs hold of the baseline when they lack some of it (and
+    `command` --allow-missing, which gates only that, when that failed); exit status 1 when any failed."""
+    covered = coverage(rows, baseline)
+    compared, entries = entry_count(covered.compared), entry_count(covered.compared) + entry_count(covered.missing)
+    if not compared:
+        raise RegressError(f"none of the baseline's {entries} method x task entries is in these runs (they hold "
+                           f"{', '.join(sorted(set(rows.method)))}); --update writes a baseline of them")
+    if covered.missing:
+        print(f"regress: these runs hold {compared} of the baseline's {entries} method x task entries: "
+              + "; ".join(f"{methods} on {tasks}" for tasks, methods in grouped(covered.compared).items()), file=out)
+    findings = compare(rows, baseline, tolerances, allow_missing)
     for finding in sorted(findings, key=lambda f: (not f.failed, f.method, f.task)):
         print(finding, file=out)
+    if any(f.failed and not f.method for f in findings):
+        print(f"regress: to gate only the entries these runs hold: {command} --allow-missing", file=out)
     failed = sum(f.failed for f in findings)
-    checked = sum(len(t) for t in existing.get("methods", {}).values())
-    print(f"regress: {'FAILED' if failed else 'passed'}: {failed} problem(s); {checked} baseline method x task "
-          f"entries, {rows.method.nunique()} methods in the runs", file=out)
+    print(f"regress: {'FAILED' if failed else 'passed'}: {failed} problem(s); {compared} of {entries} baseline "
+          f"method x task entries compared, {rows.method.nunique()} methods in the runs", file=out)
     return 1 if failed else 0

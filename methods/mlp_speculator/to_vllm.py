@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     """The command in the module docstring."""
     from methods.mlp_speculator.checkpoints import load_mlp_speculator
 
-    convert_checkpoint(argv, __doc__.split("\n\n")[1], load_mlp_speculator, SharedVocabMLPSpeculator,
+    convert_checkpoint(argv, __doc__, load_mlp_speculator, SharedVocabMLPSpeculator,
                        write_ibm_layout, "IBM's accelerator layout: vLLM's method mlp_speculator")
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     """The command in the module docstring."""
     from methods.redrafter.checkpoints import load_redrafter
 
-    convert_checkpoint(argv, __doc__.split("\n\n")[1], load_redrafter, SharedVocabRecurrentDrafter,
+    convert_checkpoint(argv, __doc__, load_redrafter, SharedVocabRecurrentDrafter,
                        write_upstream_layout, "apple/ml-recurrent-drafter's Drafter layout")
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from bench.measure.gpu import GpuMonitor
 from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
 from bench.measure.provenance import run_metadata, starvation_facts
 from bench.models import context_window, eos_token_ids, load_check_model
-from bench.planning.profile import profile_for_run
+from bench.planning.profile import profile_for_run, profile_note, profile_origin, setting_command
 from bench.settings import RunSettings
 from tasks.prompts import build_prompt
 
@@ -65,6 +65,8 @@ class EngineBackend(Backend):
         baseline_engine = SpeculativeEngine(model, None, sampling)
         self.run_profile = profile_for_run(cfg, model, device, make=planned)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
+        self.profile_uses = " and ".join(use for use, used in (("predicted_speedup", self.batch == 1),
+                                                               ("method.sizing=auto", planned)) if used)
         drafter = build_drafter(method.drafter, model, tokenizer, sampling)
         self.gpu = GpuMonitor(device)
         energy = self.gpu.energy_joules if self.gpu.energy_source else None  # joules per turn, where NVML can tell
@@ -139,7 +141,12 @@ class EngineBackend(Backend):
 
     def summary_facts(self, summary: pd.DataFrame | None) -> dict:
         profile = None if self.run_profile is None else self.run_profile.__dict__
-        return {"profile": profile, **starvation_facts(summary, self.settings.starvation_threshold)}
+        return {"profile": profile, "profile_origin": self.profile_origin,
+                **starvation_facts(summary, self.settings.starvation_threshold)}
+
+    @property
+    def profile_origin(self) -> dict | None:
+        return None if self.run_profile is None else profile_origin(self.cfg, self.run_profile)
 
     def heading(self) -> str:
         model = self.settings.model
@@ -151,7 +158,11 @@ class EngineBackend(Backend):
         return SUMMARY_COLUMNS + energy
 
     def closing_notes(self, summary: pd.DataFrame) -> list[str]:
-        return [verdict(summary.cpu_share.iloc[-1], self.settings.starvation_threshold)]
+        """The CPU share's verdict, and where the profile behind the predicted speedup (or the sizing) was measured."""
+        notes = [verdict(summary.cpu_share.iloc[-1], self.settings.starvation_threshold)]
+        if self.profile_uses:
+            notes.append(profile_note(self.profile_origin, self.profile_uses, setting_command(self.cfg, self.device)))
+        return notes
 
 
 def clamped_batch(batch: int, questions: int, task: str) -> int:
