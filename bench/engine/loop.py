@@ -26,8 +26,9 @@ import torch
 
 from bench.engine.acceptance import Acceptance, greedy_accept, speculative_sampling_accept
 from bench.engine.drafter import Drafter, NoDrafter, StepResult, drafter_seed, start_drafter
-from bench.engine.kvcache import attention_windows, host_to_device, keep_accepted_kv, new_cache, tree_attention_mask
+from bench.engine.kvcache import attention_windows
 from bench.engine.sampling import SamplingConfig, pick_token
+from bench.engine.target import features_of, make_target
 from bench.engine.timing import Clock, PhaseTimer
 from bench.engine.tree import DraftTree, real_tree
 
@@ -78,11 +79,8 @@ class TurnOutput:
 def target_forward(model, feature_layers: tuple[int, ...], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logits [B, L, vocab] and, when a drafter declares `feature_layers`, its features [B, L, F] (those
     layers' hidden states, concatenated)."""
-    if not feature_layers:
-        return model(**inputs).logits, None
-    out = model(**inputs, output_hidden_states=True)
-    parts = [out.hidden_states[i] for i in feature_layers]
-    return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    out = model(**inputs, output_hidden_states=bool(feature_layers))
+    return out.logits, features_of(out, feature_layers)
 
 
 def open_turn(prompt_ids: list[int], root: int, stop: StopCondition) -> tuple[TurnOutput, list[int], bool]:
@@ -109,63 +107,42 @@ class SpeculativeEngine:
     """Runs draft-then-verify decoding of one prompt with any Hugging Face causal LM."""
 
     def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig(),
-                 clock: Clock | None = None, event: Callable | None = None):
+                 clock: Clock | None = None, event: Callable | None = None, compile: bool = False):
         self.model = model
         self.drafter = drafter or NoDrafter()
         self.sampling = sampling
         self.clock, self.event = clock, event  # the phase timer's (PhaseTimer); tests inject fakes
         self.device = model.device
-        self._windows = attention_windows(model)  # refuses models whose cache cannot be cut back
+        windows = attention_windows(model)  # refuses models whose cache cannot be cut back
         self.feature_layers = tuple(self.drafter.feature_layers)
-
-    def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """target_forward of the one row: logits [L, vocab], features [L, F] or None."""
-        logits, hidden = target_forward(self.model, self.feature_layers, **inputs)
-        return logits[0], None if hidden is None else hidden[0]
+        self.target = make_target(model, self.feature_layers, windows, compile)  # eager, or compiled (target.py)
 
     def _accept(self, logits: torch.Tensor, tree: DraftTree | None, generator) -> Acceptance:
         if self.sampling.greedy:
             return greedy_accept(logits, tree)
         return speculative_sampling_accept(logits, tree, self.sampling, generator)
 
-    def _verify_inputs(self, root: int, tree: DraftTree | None, past_len: int) -> dict:
-        """input_ids, and for real trees explicit positions and 4-D additive masks [1, 1, L, past + L]; built on
-        the device from the tree's cached device tensors, with no host sync."""
-        if tree is None:
-            return {"input_ids": host_to_device([[root]], self.device, torch.long)}
-        inputs = {"input_ids": tree.input_ids(root, self.device)[None]}
-        if not tree.is_chain:  # chains use the model's own causal mask
-            local, offsets = tree.on_device(self.device)
-            inputs["attention_mask"] = tree_attention_mask(local, offsets, past_len, self._windows,
-                                                           self.model.dtype)
-            inputs["position_ids"] = (offsets + past_len).unsqueeze(0)
-        return inputs
-
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], stop: StopCondition, seed: int | None = None) -> TurnOutput:
         """Decode one prompt until `stop`; returns the new tokens and the tokens accepted per decode step."""
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         timer = PhaseTimer(self.device, self.clock, self.event)
-        cache = new_cache()
-        prompt = torch.tensor([prompt_ids], device=self.device)
-        logits, hidden = self._forward(input_ids=prompt, cache=cache, logits_to_keep=1)
+        logits, hidden = self.target.prefill(prompt_ids, stop.max_new_tokens)
         root = pick_token(logits[-1], self.sampling, generator)
         out, context, done = open_turn(prompt_ids, root, stop)
         start_drafter(self.drafter, prompt_ids, hidden, drafter_seed(seed))
         timer.lap("prefill")
         while not done:
             tree = real_tree(self.drafter.propose(context, stop.max_new_tokens - len(out.tokens)))
-            past_len = cache.get_seq_length()
-            inputs = self._verify_inputs(root, tree, past_len)
             timer.lap("draft")
-            logits, hidden = self._forward(**inputs, cache=cache)
+            logits, hidden = self.target.verify(root, tree)  # [root, nodes..., aux...] in one forward
             timer.lap("verify")
             acceptance = self._accept(logits, tree, generator)
-            keep_accepted_kv(cache, past_len, acceptance.rows)
+            self.target.keep(acceptance.rows)
             self.drafter.update(StepResult(tree, logits, acceptance, hidden))
-            done = record_step(out, context, stop, acceptance, inputs["input_ids"].shape[1])
+            done = record_step(out, context, stop, acceptance, len(logits))
             root = acceptance.tokens[-1]
-            out.tree_steps.append("attention_mask" in inputs)  # the profile's tree point, not its chain point
+            out.tree_steps.append(tree is not None and not tree.is_chain)  # the profile's tree point, not its chain's
             timer.lap("accept")
         out.phase_seconds = timer.seconds
         return out

@@ -1,0 +1,157 @@
+"""The target model as the batch-1 engine runs it: a prefill, verification forwards over a KV cache, and the cache
+cut back to the accepted path. Two ways, the same tokens:
+
+- `EagerTarget`: transformers' forward over a DynamicCache (every layer keeps every position; the cache grows and is
+  cropped each step). Any model the engine supports.
+- `CompiledTarget` (`engine.compile=on`): gpt-fast's recipe generalised to trees. The cache is preallocated for the
+  turn (transformers' StaticCache); each verification forward is padded to a bucket of 1, 2, 4, ... 128 inputs
+  (dummy nodes that nothing attends to, attending only to themselves) and runs a graph `torch.compile` made for that
+  bucket, with the step's additive mask over the whole buffer written into a buffer of its own; the accepted rows are
+  copied into place and the cache's length set back, with no crop. Full-attention models only (a windowed layer
+  falls back to eager, said in one line).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from transformers import StaticCache
+
+from bench.engine.kvcache import host_to_device, keep_accepted_kv, new_cache, tree_attention_mask
+from bench.engine.tree import DraftTree
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # inputs of a compiled verification forward
+MIN_CAPACITY = 512  # cache positions of a turn, rounded up to a power of two from here
+
+
+def features_of(out, feature_layers: tuple[int, ...]) -> torch.Tensor | None:
+    """The drafter's features [B, L, F] from a forward's hidden states (None when it declares no layers)."""
+    if not feature_layers:
+        return None
+    parts = [out.hidden_states[i] for i in feature_layers]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+class EagerTarget:
+    """transformers' eager forward over a DynamicCache."""
+
+    def __init__(self, model, feature_layers: tuple[int, ...], windows: dict[str, int | None]):
+        self.model, self.feature_layers, self.windows = model, feature_layers, windows
+        self.device = model.device
+        self.cache, self.length = None, 0
+
+    def _run(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.model(**inputs, cache=self.cache, output_hidden_states=bool(self.feature_layers))
+        hidden = features_of(out, self.feature_layers)
+        return out.logits[0], None if hidden is None else hidden[0]
+
+    def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A fresh cache holding the prompt; the last position's logits [1, vocab] and the prompt's features."""
+        self.cache, self.length = new_cache(), len(prompt_ids)
+        return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+
+    def verify(self, root: int, tree: DraftTree | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, vocab] (and features [n, F]) of [root, nodes..., aux...]: chains under the model's own causal
+        mask, real trees under the tree mask at depth-based positions."""
+        if tree is None:
+            return self._run(input_ids=host_to_device([[root]], self.device, torch.long))
+        inputs = {"input_ids": tree.input_ids(root, self.device)[None]}
+        if not tree.is_chain:
+            local, offsets = tree.on_device(self.device)
+            inputs["attention_mask"] = tree_attention_mask(local, offsets, self.length, self.windows, self.model.dtype)
+            inputs["position_ids"] = (offsets + self.length).unsqueeze(0)
+        return self._run(**inputs)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep the cached past plus the last step's inputs at `rows`."""
+        keep_accepted_kv(self.cache, self.length, rows)
+        self.length += len(rows)
+
+
+def bucket_of(size: int) -> int:
+    for bucket in BUCKETS:
+        if size <= bucket:
+            return bucket
+    raise ValueError(f"a verification forward of {size} inputs: the compiled engine verifies at most {BUCKETS[-1]}")
+
+
+class CompiledTarget(EagerTarget):
+    """Verification forwards compiled per bucket over a preallocated cache (the prefill runs eager over it)."""
+
+    def __init__(self, model, feature_layers: tuple[int, ...], windows: dict[str, int | None]):
+        super().__init__(model, feature_layers, windows)
+        self.capacity = 0
+        self.masks: dict[int, torch.Tensor] = {}  # bucket -> [1, 1, bucket, capacity] additive mask
+        self.positions: dict[int, torch.Tensor] = {}  # bucket -> [1, bucket]
+        self.inputs: dict[int, torch.Tensor] = {}  # bucket -> [1, bucket]
+        self.forward = torch.compile(self._step, dynamic=False)
+        dynamo = torch._dynamo.config  # a graph per bucket and target (guarded on the target): never fall back to eager
+        dynamo.recompile_limit = dynamo.accumulated_recompile_limit = max(dynamo.recompile_limit, 4096)
+
+    def _step(self, input_ids, position_ids, attention_mask):
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         cache=self.cache, output_hidden_states=bool(self.feature_layers))
+        return out.logits, features_of(out, self.feature_layers)
+
+    def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        needed = len(prompt_ids) + max_new_tokens + BUCKETS[-1]
+        if needed > self.capacity:  # a new buffer (and new graphs): rounded up, so few turns need one
+            self.capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
+            self.cache = StaticCache(self.model.config, max_cache_len=self.capacity)
+            self.masks.clear()
+        else:
+            self.cache.reset()
+        self.length = len(prompt_ids)
+        return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+
+    def _buffers(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if bucket not in self.masks:
+            dtype = self.model.dtype
+            self.masks[bucket] = torch.full((1, 1, bucket, self.capacity), torch.finfo(dtype).min, dtype=dtype,
+                                            device=self.device)
+            self.positions[bucket] = torch.zeros(1, bucket, dtype=torch.long, device=self.device)
+            self.inputs[bucket] = torch.zeros(1, bucket, dtype=torch.long, device=self.device)
+        return self.inputs[bucket], self.positions[bucket], self.masks[bucket]
+
+    def verify(self, root: int, tree: DraftTree | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        size = 1 if tree is None else 1 + len(tree) + len(tree.aux_tokens)
+        bucket, past = bucket_of(size), self.length
+        input_ids, positions, mask = self._buffers(bucket)
+        if tree is None:
+            input_ids[0, 0] = root
+            positions[0, 0] = past
+            local = None
+        else:
+            input_ids[0, :size] = tree.input_ids(root, self.device)
+            local, offsets = tree.on_device(self.device)
+            positions[0, :size] = offsets + past
+        positions[0, size:] = past  # dummy nodes: any position, nothing attends to them
+        mask.fill_(torch.finfo(mask.dtype).min)
+        mask[..., :past] = 0
+        block = mask[0, 0, :, past:past + bucket]  # [bucket, bucket]: the step's inputs among themselves
+        block.fill_diagonal_(0)  # every input sees itself (dummies only themselves)
+        if local is not None:
+            block[:size, :size].masked_fill_(local, 0)
+        logits, hidden = self.forward(input_ids, positions, mask)
+        return logits[0, :size], None if hidden is None else hidden[0, :size]
+
+    def keep(self, rows: list[int]) -> None:
+        """Copy the kept rows into place behind the past and set the cache's length to past + kept."""
+        past, kept = self.length, len(rows)
+        if rows != list(range(kept)):
+            index = host_to_device([past + row for row in rows], self.device, torch.long)
+            for layer in self.cache.layers:
+                layer.keys[..., past:past + kept, :] = layer.keys[..., index, :]
+                layer.values[..., past:past + kept, :] = layer.values[..., index, :]
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(past + kept)
+        self.length = past + kept
+
+
+def make_target(model, feature_layers: tuple[int, ...], windows: dict[str, int | None], compile_: bool):
+    """The engine's target: compiled where asked and the model has full attention only, else eager (said once)."""
+    if compile_ and any(window is not None for window in windows.values()):
+        print(f"warning: engine.compile=on: {type(model).__name__} has sliding-window layers, which the compiled "
+              f"engine does not handle yet; it runs eager", file=sys.stderr)
+        compile_ = False
+    return CompiledTarget(model, feature_layers, windows) if compile_ else EagerTarget(model, feature_layers, windows)
