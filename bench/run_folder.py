@@ -14,7 +14,7 @@ from bench import method_identity
 from bench.errors import ConfigError
 
 SETTINGS_FILE = "settings.json"
-IDENTITY_KEYS = ("model", "gen", "seed", "task", "method", "device", "backend", "server")  # of a composed config
+IDENTITY_KEYS = ("model", "gen", "seed", "task", "method", "device", "backend", "server", "engine")  # of a composed config
 
 
 def settings_identity(config: dict) -> dict:
@@ -27,6 +27,8 @@ def settings_identity(config: dict) -> dict:
              "device": config.get("device"), "backend": config.get("backend", "engine")}
     if config.get("server"):
         parts["server"] = config["server"]
+    if (config.get("engine") or {}).get("compile", "off") != "off":  # compiled kernels round otherwise
+        parts["engine"] = config["engine"]
     return flatten(parts)
 
 

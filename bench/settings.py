@@ -96,6 +96,7 @@ class RunSettings:
     repeats: int = 1
     starvation_threshold: float = 0.75  # CPU share below which the run is starved
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
+    compiled: bool = False  # engine.compile=on: the batch-1 engine's compiled forwards (bench/engine/target.py)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
@@ -111,4 +112,5 @@ class RunSettings:
             MethodSettings(method.name, sizing_of(method), drafter_settings(method)),
             **{key: cfg[key] for key in ("backend", "device", "seed", "out_dir", "baseline", "warmup_tokens",
                                          "repeats", "starvation_threshold") if key in cfg},
-            **({"bootstrap": Bootstrap(**cfg.bootstrap)} if "bootstrap" in cfg else {}))
+            **({"bootstrap": Bootstrap(**cfg.bootstrap)} if "bootstrap" in cfg else {}),
+            compiled=(cfg.get("engine") or {}).get("compile") == "on")

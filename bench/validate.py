@@ -50,6 +50,7 @@ RULES = [
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
     ("method.sizing", lambda v: v in SIZINGS, " or ".join(SIZINGS)),
+    ("engine.compile", lambda v: v in ("off", "on"), "off or on (on: compiled forwards over a static cache)"),
     ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
      f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
@@ -88,6 +89,9 @@ def validate(cfg: DictConfig) -> RunSettings:
             problems.append(f"{key}={value}: must be {allowed}")
     if cfg.method.get("drafter") is None and cfg.method.get("sizing") == "auto":
         problems.append(f"method.sizing=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
+    if OmegaConf.select(cfg, "engine.compile") == "on" and int(cfg.gen.get("batch_size", 1)) > 1:
+        problems.append(f"engine.compile=on: the batched engine (gen.batch_size={cfg.gen.batch_size}) runs eager "
+                        f"so far; use gen.batch_size=1 or engine.compile=off")
     problems += drafter_problems(cfg.method)
     if problems:
         raise ConfigError("\n".join(problems))

@@ -195,3 +195,32 @@ def test_caches_that_cannot_be_cut_back_are_refused(config, layer_type):
     with pytest.raises(UnsupportedModelError) as error:
         SpeculativeEngine(model)
     assert layer_type in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_compiled_run_matches_vanilla_and_says_what_compiling_cost(compose, tmp_path, capsys, one_thread):
+    """engine.compile=on end to end (pld on the tiny model): both sides compiled before timing, lossless, the seconds
+    in meta.json and one line each; its folder and run key apart from the eager run's."""
+    import json
+
+    from bench.measure.run import run
+
+    summary = run(compose("method=pld", "task=qa", "task.limit=2", "engine.compile=on"))
+    assert summary.exact_match.tolist() == [1.0, 1.0]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["compile_seconds"] > 0 and meta["config"]["engine"]["compile"] == "on"
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("engine.compile=on")]
+    assert [line.split("'s graphs")[0] for line in said] == ["engine.compile=on: the method", "engine.compile=on: "
+                                                                                              "the baseline"]
+    from bench.run_folder import settings_label
+
+    assert settings_label(compose("engine.compile=on")) != settings_label(compose())
+
+
+def test_compiled_batches_are_refused_in_one_line(compose):
+    from bench.errors import ConfigError
+    from bench.validate import validate
+
+    with pytest.raises(ConfigError, match=r"^engine.compile=on: the batched engine \(gen.batch_size=2\) runs eager"):
+        validate(compose("method=pld", "gen.batch_size=2", "engine.compile=on"))
+    with pytest.raises(ConfigError, match="^engine.compile=fast: must be off or on"):
+        validate(compose("method=pld", "engine.compile=fast"))

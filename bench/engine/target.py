@@ -35,6 +35,8 @@ def features_of(out, feature_layers: tuple[int, ...]) -> torch.Tensor | None:
 class EagerTarget:
     """transformers' eager forward over a DynamicCache."""
 
+    compiled = False
+
     def __init__(self, model, feature_layers: tuple[int, ...], windows: dict[str, int | None]):
         self.model, self.feature_layers, self.windows = model, feature_layers, windows
         self.device = model.device
@@ -78,6 +80,8 @@ def bucket_of(size: int) -> int:
 class CompiledTarget(EagerTarget):
     """Verification forwards compiled per bucket over a preallocated cache (the prefill runs eager over it)."""
 
+    compiled = True
+
     def __init__(self, model, feature_layers: tuple[int, ...], windows: dict[str, int | None]):
         super().__init__(model, feature_layers, windows)
         self.capacity = 0
@@ -93,16 +97,29 @@ class CompiledTarget(EagerTarget):
                          cache=self.cache, output_hidden_states=bool(self.feature_layers))
         return out.logits, features_of(out, self.feature_layers)
 
-    def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        needed = len(prompt_ids) + max_new_tokens + BUCKETS[-1]
-        if needed > self.capacity:  # a new buffer (and new graphs): rounded up, so few turns need one
+    def reserve(self, positions: int) -> None:
+        """A cache of at least `positions` (and the bucket's slack), rounded up to a power of two; a new size means
+        new graphs, so a run reserves its longest turn once, before precompile."""
+        needed = positions + BUCKETS[-1]
+        if needed > self.capacity or self.cache is None:
+            if self.capacity:
+                print(f"note: engine.compile=on: a turn of {positions} positions outgrew the cache; its graphs are "
+                      f"made again", file=sys.stderr)
             self.capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
             self.cache = StaticCache(self.model.config, max_cache_len=self.capacity)
             self.masks.clear()
-        else:
-            self.cache.reset()
+
+    def prefill(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.reserve(len(prompt_ids) + max_new_tokens)
+        self.cache.reset()
         self.length = len(prompt_ids)
         return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+
+    def precompile(self, prompt_ids: list[int]) -> None:
+        """Make every bucket's graph now (a dummy step of each size after `prompt_ids`), so none is made while timed."""
+        for bucket in BUCKETS:
+            self.prefill(prompt_ids, 1)
+            self._padded_step(None, 0, bucket)
 
     def _buffers(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if bucket not in self.masks:
@@ -115,7 +132,11 @@ class CompiledTarget(EagerTarget):
 
     def verify(self, root: int, tree: DraftTree | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         size = 1 if tree is None else 1 + len(tree) + len(tree.aux_tokens)
-        bucket, past = bucket_of(size), self.length
+        return self._padded_step(tree, root, bucket_of(size))
+
+    def _padded_step(self, tree: DraftTree | None, root: int, bucket: int):
+        """verify's forward, its inputs padded to `bucket`."""
+        size, past = 1 if tree is None else 1 + len(tree) + len(tree.aux_tokens), self.length
         input_ids, positions, mask = self._buffers(bucket)
         if tree is None:
             input_ids[0, 0] = root

@@ -4,6 +4,7 @@ GPU's facts and the predicted speedup of the target's forward-time profile."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pandas as pd
 import torch
@@ -24,6 +25,7 @@ from bench.planning.profile import profile_for_run, profile_note, profile_origin
 from bench.settings import RunSettings
 from tasks.prompts import build_prompt
 
+TEMPLATE_TOKENS_PER_TURN = 32  # a chat template's tokens around a turn, at most (a compiled run sizes its cache by it)
 SPEC_BENCH_WARM_UPS = 3  # Spec-Bench's eval.py decodes its first question this many times before timing
 SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup",
                    "mean_accepted_tokens", "mean_verified_tokens", "draft_share", "verify_share", "exact_match",
@@ -38,6 +40,8 @@ def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter) -> KeyInpu
         del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
     shared = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
               "seed": cfg.seed, "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
+    if (cfg.get("engine") or {}).get("compile", "off") != "off":  # compiled kernels round otherwise than eager's
+        shared["engine"] = OmegaConf.to_container(cfg.engine, resolve=True)
     method = method_identity(OmegaConf.to_container(cfg.method))  # runs keep the keys they had before
     return KeyInputs(shared, method={"method": method, "artifact": None if drafter is None else drafter.artifact})
 
@@ -62,7 +66,7 @@ class EngineBackend(Backend):
         self.label, self.method_is_baseline = method.label, method.drafter is None
         self.context = context_window(model)
         # first: refuses a model it cannot serve before any drafter setup
-        baseline_engine = SpeculativeEngine(model, None, sampling)
+        baseline_engine = SpeculativeEngine(model, None, sampling, compile=settings.compiled)
         self.run_profile = profile_for_run(cfg, model, device, make=planned)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
         self.profile_uses = " and ".join(use for use, used in (("predicted_speedup", self.batch == 1),
@@ -72,7 +76,9 @@ class EngineBackend(Backend):
         energy = self.gpu.energy_joules if self.gpu.energy_source else None  # joules per turn, where NVML can tell
         parts = DecoderParts(tokenizer, self.stop, device, self.context, settings.repeats, energy)
         self.decoders = dict(zip((METHOD, BASELINE), decoders(
-            model, drafter, sampling, self.run_profile if planned else None, self.batch, baseline_engine, parts)))
+            model, drafter, sampling, self.run_profile if planned else None, self.batch, baseline_engine, parts,
+            settings.compiled)))
+        self.compile_seconds = None  # engine.compile=on: seconds compiling before the warm-up (precompile)
         self.key_inputs = engine_key_inputs(cfg, device, self.decoders[METHOD].engine.drafter)
         self._tie_judge = None  # loaded at the first divergence: model.tie_check_dtype's copy of the target
 
@@ -90,9 +96,26 @@ class EngineBackend(Backend):
         drafter that does not keep the warm-up's lesson (`learns_in_warm_up` false) is put back as it was."""
         drafter = self.decoders[side].engine.drafter
         before = None if drafter is None or drafter.learns_in_warm_up else drafter.learned_state()
+        self.precompile(side, todo)
         self.decode_warm_up(side, todo)
         if before is not None:
             drafter.restore_learned_state(before)
+
+    def precompile(self, side: str, todo: list[dict]) -> None:
+        """engine.compile=on: the side's cache sized for the run's longest turn and every verification graph made,
+        before anything is timed; the seconds go to meta.json (compile_seconds) and are said in one line."""
+        target = getattr(self.decoders[side].engine, "target", None)
+        if target is None or not target.compiled or not todo:
+            return
+        started = time.perf_counter()
+        turns = [max(len(q["turns"]), 1) for q in todo]
+        target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
+                           + n * (TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens) for q, n in zip(todo, turns)))
+        target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]))
+        seconds = time.perf_counter() - started
+        self.compile_seconds = (self.compile_seconds or 0.0) + seconds
+        print(f"engine.compile=on: the {side}'s graphs made in {seconds:.1f} s for a cache of {target.capacity} "
+              f"positions, before timing", file=sys.stderr)
 
     def decode_warm_up(self, side: str, todo: list[dict]) -> None:
         """warm_up's decoding."""
@@ -133,6 +156,7 @@ class EngineBackend(Backend):
         meta = run_metadata(self.cfg, self.settings.model.dtype, self.device, started, self.gpu)
         learns = self.learns_across_prompts
         meta["drafter_learns_across_prompts"] = learns
+        meta["compile_seconds"] = None if self.compile_seconds is None else round(self.compile_seconds, 2)
         meta["warm_up"] = (f"the first question, all turns, {SPEC_BENCH_WARM_UPS} times (Spec-Bench's)" if learns
                            else f"{self.settings.warmup_tokens} tokens") if self.settings.warmup_tokens else None
         if learns and meta["warm_up"] and not self.decoders[METHOD].engine.drafter.learns_in_warm_up:
