@@ -14,7 +14,7 @@ from bench import method_identity
 from bench.errors import ConfigError
 
 SETTINGS_FILE = "settings.json"
-IDENTITY_KEYS = ("model", "gen", "seed", "task", "method", "device", "backend", "server", "engine")  # of a composed config
+IDENTITY_KEYS = ("model", "gen", "seed", "task", "method", "device", "backend", "server", "engine")  # config parts
 
 
 def settings_identity(config: dict) -> dict:
