@@ -115,9 +115,10 @@ class CompiledTarget(EagerTarget):
         self.length = len(prompt_ids)
         return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
 
-    def precompile(self, prompt_ids: list[int]) -> None:
-        """Make every bucket's graph now (a dummy step of each size after `prompt_ids`), so none is made while timed."""
-        for bucket in BUCKETS:
+    def precompile(self, prompt_ids: list[int], largest: int = BUCKETS[-1]) -> None:
+        """Make the graph of every bucket up to the one of `largest` inputs now (a dummy step of each size after
+        `prompt_ids`), so none is made while timed."""
+        for bucket in BUCKETS[:BUCKETS.index(bucket_of(largest)) + 1]:
             self.prefill(prompt_ids, 1)
             self._padded_step(None, 0, bucket)
 

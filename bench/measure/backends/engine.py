@@ -11,8 +11,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench import method_identity
+from bench.engine.drafter import NoDrafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
+from bench.engine.target import BUCKETS
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
 from bench.measure.contention import verdict
 from bench.measure.decoding import PromptTooLong, decode_group
@@ -104,14 +106,16 @@ class EngineBackend(Backend):
     def precompile(self, side: str, todo: list[dict]) -> None:
         """engine.compile=on: the side's cache sized for the run's longest turn and every verification graph made,
         before anything is timed; the seconds go to meta.json (compile_seconds) and are said in one line."""
-        target = getattr(self.decoders[side].engine, "target", None)
+        engine = self.decoders[side].engine
+        target = getattr(engine, "target", None)
         if target is None or not target.compiled or not todo:
             return
         started = time.perf_counter()
         turns = [max(len(q["turns"]), 1) for q in todo]
         target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
                            + n * (TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens) for q, n in zip(todo, turns)))
-        target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]))
+        largest = 1 if isinstance(engine.drafter, NoDrafter) else BUCKETS[-1]  # vanilla verifies one token a step
+        target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
         seconds = time.perf_counter() - started
         self.compile_seconds = (self.compile_seconds or 0.0) + seconds
         print(f"engine.compile=on: the {side}'s graphs made in {seconds:.1f} s for a cache of {target.capacity} "
