@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from bench.engine.acceptance import Acceptance
 from bench.engine.drafter import StepResult
@@ -35,11 +34,10 @@ def test_aux_rows_are_scored_as_their_own_sequences(tiny_model, prompts):
     drafter.pool[root] = {(8, 9, 10): None, (8, 11, 12): None}
     tree = drafter.propose(prompt + [root], max_tokens=50)
     assert tree.tokens == [8, 9, 10, 11, 12] and tree.parents == [-1, 0, 1, 0, 3]
-    engine = SpeculativeEngine(tiny_model)
+    target = SpeculativeEngine(tiny_model).target
     with torch.inference_mode():
-        cache = DynamicCache(config=tiny_model.config)
-        tiny_model(input_ids=torch.tensor([prompt]), cache=cache)
-        logits = tiny_model(**engine._verify_inputs(root, tree, len(prompt)), cache=cache).logits[0]
+        target.prefill(prompt, 50)
+        logits, _ = target.verify(root, tree)
         n = len(tree)
         for row, depth in enumerate(tree.aux_depths):
             seen = sorted(tree.aux_mask[row].nonzero().flatten().tolist(), key=lambda k: tree.aux_depths[k])
