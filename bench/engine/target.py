@@ -120,7 +120,7 @@ class CompiledTarget(EagerTarget):
         `prompt_ids`), so none is made while timed."""
         for bucket in BUCKETS[:BUCKETS.index(bucket_of(largest)) + 1]:
             self.prefill(prompt_ids, 1)
-            self._padded_step(None, 0, bucket)
+            self._padded_step(None, 0, 1, bucket)
 
     def _buffers(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if bucket not in self.masks:
@@ -133,11 +133,11 @@ class CompiledTarget(EagerTarget):
 
     def verify(self, root: int, tree: DraftTree | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         size = 1 if tree is None else 1 + len(tree) + len(tree.aux_tokens)
-        return self._padded_step(tree, root, bucket_of(size))
+        return self._padded_step(tree, root, size, bucket_of(size))
 
-    def _padded_step(self, tree: DraftTree | None, root: int, bucket: int):
-        """verify's forward, its inputs padded to `bucket`."""
-        size, past = 1 if tree is None else 1 + len(tree) + len(tree.aux_tokens), self.length
+    def _padded_step(self, tree: DraftTree | None, root: int, size: int, bucket: int):
+        """verify's forward of the step's `size` inputs, padded to `bucket`."""
+        past = self.length
         input_ids, positions, mask = self._buffers(bucket)
         if tree is None:
             input_ids[0, 0] = root
