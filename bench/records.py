@@ -23,10 +23,11 @@ from bench.errors import ConfigError
 
 PHASES = ("prefill", "draft", "verify", "accept")  # a turn's phase_times keys (the engine's phases)
 TIMING_KEYS = ("wall_times", "cpu_times", "threads", "cores")  # beyond Spec-Bench's layout; no cpu_times on CUDA
-# Also beyond it, for the cost model: seconds per engine phase, tokens per verification forward, whether it took a
-# tree mask, prompt length; for batched runs (gen.batch_size > 1): seconds until the row's last token, rows decoded
-# together
-STEP_KEYS = ("phase_times", "verified_tokens", "tree_steps", "prompt_tokens", "latency", "batch_rows")
+# Also beyond it, for the cost model and the acceptance records: seconds per engine phase, tokens per verification
+# forward, draft nodes per step (0: nothing drafted), whether it took a tree mask, prompt length; for batched runs
+# (gen.batch_size > 1): seconds until the row's last token, rows decoded together
+STEP_KEYS = ("phase_times", "verified_tokens", "drafted_tokens", "tree_steps", "prompt_tokens", "latency",
+             "batch_rows")
 ENERGY_KEYS = ("energy_j",)  # on CUDA with NVML: the device's joules while the turn decoded (its share, batched)
 RECORD_FORMAT = 2  # 2: steps and accept_lengths count decode steps only (Spec-Bench's); 1 (no key): prefill included
 

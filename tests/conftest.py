@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -19,6 +20,12 @@ from transformers import (
 )
 
 from bench.engine.loop import SpeculativeEngine, StopCondition
+
+# Tests assert behaviour, not speed, on models whose forwards take milliseconds: one intra-op thread (also for the
+# CLI subprocesses) is as fast on a quiet machine and keeps a busy one from stalling at OpenMP's barriers, where two
+# threads wait for each other's turn on a shared core (tools/busy.sh).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 VOCAB = 96
 WINDOW = 4  # attention window of the windowed tiny models, shorter than every test prompt
@@ -150,3 +157,19 @@ def spec_bench_prompts(tokenizer, category: str, count: int) -> list[list[int]]:
     questions = read_questions([category])[:count]
     assert questions, f"no Spec-Bench questions of category {category!r}"
     return first_turn_prompts(tokenizer, questions)
+
+
+def assert_acceptance_records_match(out_dir: Path) -> list[dict]:
+    """The run's acceptance.jsonl (invariants checked on reading) holds one record per turn of its answers, with the
+    same decode steps and tokens; returns them."""
+    from bench.measure.acceptance import read_acceptance
+    from bench.records import read_jsonl
+
+    answers = sorted(read_jsonl(Path(out_dir) / "answers.jsonl"), key=lambda a: a["question_id"])
+    requests = read_acceptance(Path(out_dir) / "acceptance.jsonl")
+    turns = [(a["question_id"], t, a["choices"][0]) for a in answers for t in range(len(a["choices"][0]["turns"]))]
+    assert [r["request_id"] for r in requests] == [f"{q}-{t}" for q, t, _ in turns]
+    for request, (_, t, choice) in zip(requests, turns):
+        assert request["completion_tokens"] == choice["new_tokens"][t]
+        assert request["num_decode_steps"] == choice["decoding_steps"][t]
+    return requests

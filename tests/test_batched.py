@@ -31,7 +31,7 @@ from methods.redrafter.drafter import ReDrafterDrafter
 from methods.rest import RestDrafter
 from methods.rest_datastore import write_datastore
 from methods.sps.drafter import DraftModelDrafter
-from tests.conftest import VOCAB, folder_stem, generate_tokens, vanilla_tokens
+from tests.conftest import VOCAB, assert_acceptance_records_match, folder_stem, generate_tokens, vanilla_tokens
 
 LENGTHS = (5, 17, 40, 9, 23)  # prompts of different lengths: the batch cache has holes from the start
 
@@ -275,6 +275,7 @@ def test_cli_batched_run_records_throughput_and_latency(compose, tmp_path):
     assert summary.batch_size.tolist() == [2, 2] and summary.exact_match.iloc[-1] == 1.0
     assert (summary.mean_latency_s > 0).all() and (summary.baseline_mean_latency_s > 0).all()
     assert pd.read_csv(out / "summary.csv").batch_size.iloc[-1] == 2
+    assert len(assert_acceptance_records_match(out)) == 3
 
 
 def test_row_latencies_end_at_the_batch_wall_time():

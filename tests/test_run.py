@@ -22,6 +22,7 @@ from bench.measure.decoding import QuestionDecoder, RepeatMismatchError
 from bench.measure.exactness import find_divergence
 from bench.measure.run import run
 from bench.records import read_jsonl
+from tests.conftest import assert_acceptance_records_match
 
 SPEC_BENCH_FIELDS = {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -86,6 +87,9 @@ def test_method_run_interleaves_vanilla_and_matches_it(compose, tmp_path):
         assert ours["exact_match"] is True and ours["method"] == "repeat" and theirs["method"] == "vanilla"
     assert list(summary.task) == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
     assert (summary.exact_match == 1.0).all() and (summary.speedup > 0).all()
+    requests = assert_acceptance_records_match(out)
+    assert len(requests) == 7 and all(r["engine"] == "specbench" and r["method"] == "repeat" for r in requests)
+    assert sum(r["num_spec_steps"] for r in requests) > 0  # the drafter proposed, and its steps are counted
     # a resumed run decodes vanilla only for the new questions and keeps the stored baseline records
     run(compose("task=all", "task.limit=2", *REPEAT))
     resumed = read_jsonl(out / "baseline.jsonl")

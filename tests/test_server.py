@@ -23,6 +23,7 @@ from bench.measure.run import run
 from bench.measure.serving.acceptance import parse_counters
 from bench.records import read_jsonl
 from tasks.prompts import build_prompt
+from tests.conftest import assert_acceptance_records_match
 from tests.fake_server import FakeEngine, FakeServer, speculate
 
 MAX_NEW = 12  # conftest.tiny_overrides' gen.max_new_tokens
@@ -114,6 +115,10 @@ def test_llamacpp_records_exact_tokens_acceptance_and_exact_match(compose, token
     assert meta["backend"] == "server" and meta["server"]["url"] == spec and meta["server"]["baseline_url"] == base_url
     assert meta["server"]["engine"] == "llamacpp" and meta["server"]["concurrency"] == 1
     assert meta["config"]["method"]["name"] == "llamacpp_ngram" and meta["device"] == "server:llamacpp"
+    for request in assert_acceptance_records_match(out):  # llama.cpp's timings: totals, no per-step lengths
+        assert request["engine"] == "llamacpp" and request["num_accepted_draft_tokens"] == accepted
+        assert request["acceptance_histogram"] is None and request["draft_acceptance_rate"] == pytest.approx(
+            accepted / request["num_draft_tokens"])
 
 
 def test_turn_two_is_asked_with_turn_one_answer(compose, tokenizer):

@@ -5,7 +5,7 @@
 #   bash tools/busy.sh                      # README's test command: python -m pytest -q
 #   HOGS=2 bash tools/busy.sh python -m pytest -q -m "not real_model"
 set -uo pipefail
-hogs=${HOGS:-$(nproc)}
+hogs=${HOGS:-$(OMP_NUM_THREADS= nproc)}  # cores, whatever OMP_NUM_THREADS says
 [ $# -gt 0 ] || set -- python -m pytest -q
 pids=()
 for _ in $(seq "$hogs"); do

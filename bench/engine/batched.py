@@ -262,7 +262,7 @@ class BatchedEngine:
                 if self.planner is not None:
                     self.planner.observe(tree, acceptance.rows)
                 roots[b] = acceptance.tokens[-1]
-                if record_step(outs[b], contexts[b], stop, acceptance, sizes[i]):
+                if record_step(outs[b], contexts[b], stop, acceptance, sizes[i], tree):
                     finish[b] = timer.mark()
                 else:
                     staying.append(i)

@@ -62,6 +62,7 @@ class TurnOutput:
     tokens: list[int]
     accept_lengths: list[int] = field(default_factory=list)  # tokens added per decode step (the prefill's is not one)
     verified_tokens: list[int] = field(default_factory=list)  # inputs of each decode step's forward (root + tree)
+    drafted_tokens: list[int] = field(default_factory=list)  # draft nodes each decode step verified (0: none drafted)
     tree_steps: list[bool] = field(default_factory=list)  # per decode step: its forward took a tree mask
     phase_seconds: dict[str, float] = field(default_factory=dict)  # PHASES -> seconds
 
@@ -92,13 +93,15 @@ def open_turn(prompt_ids: list[int], root: int, stop: StopCondition) -> tuple[Tu
 
 
 def record_step(out: TurnOutput, context: list[int], stop: StopCondition, acceptance: Acceptance,
-                verified: int) -> bool:
-    """Book one verified step of a row: its accepted tokens up to the stop, how many, and the `verified` inputs of
-    its forward; the context grows by every accepted token. True when the turn is over."""
+                verified: int, tree: DraftTree | None) -> bool:
+    """Book one verified step of a row: its accepted tokens up to the stop, how many, the `verified` inputs of its
+    forward and the draft nodes of its `tree` (auxiliary inputs are not drafts); the context grows by every accepted
+    token. True when the turn is over."""
     before = len(out.tokens)
     done = stop.extend(out.tokens, acceptance.tokens)
     out.accept_lengths.append(len(out.tokens) - before)
     out.verified_tokens.append(verified)
+    out.drafted_tokens.append(0 if tree is None else len(tree))
     context.extend(acceptance.tokens)
     return done
 
@@ -140,7 +143,7 @@ class SpeculativeEngine:
             acceptance = self._accept(logits, tree, generator)
             self.target.keep(acceptance.rows)
             self.drafter.update(StepResult(tree, logits, acceptance, hidden))
-            done = record_step(out, context, stop, acceptance, len(logits))
+            done = record_step(out, context, stop, acceptance, len(logits), tree)
             root = acceptance.tokens[-1]
             out.tree_steps.append(tree is not None and not tree.is_chain)  # the profile's tree point, not its chain's
             timer.lap("accept")

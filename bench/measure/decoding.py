@@ -65,7 +65,8 @@ class QuestionDecoder:
             turns.append({"text": text, "token_ids": out.tokens, "decode_steps": out.decode_steps,
                           "accept_lengths": out.accept_lengths, "prompt_ids": prompt, **self._times(timings),
                           "phase_times": {k: round(v, 6) for k, v in out.phase_seconds.items()},
-                          "verified_tokens": out.verified_tokens, "tree_steps": out.tree_steps,
+                          "verified_tokens": out.verified_tokens, "drafted_tokens": out.drafted_tokens,
+                          "tree_steps": out.tree_steps,
                           "prompt_tokens": len(prompt)})
         return turns
 
@@ -151,7 +152,8 @@ class BatchQuestionDecoder(QuestionDecoder):
                 results[i].append({"text": text, "token_ids": turn.tokens, "decode_steps": turn.decode_steps,
                                    "accept_lengths": turn.accept_lengths, "prompt_ids": prompt, **times,
                                    "phase_times": {k: round(v * share, 6) for k, v in out.phase_seconds.items()},
-                                   "verified_tokens": turn.verified_tokens, "prompt_tokens": len(prompt),
+                                   "verified_tokens": turn.verified_tokens, "drafted_tokens": turn.drafted_tokens,
+                                   "prompt_tokens": len(prompt),
                                    "latency": round(latency, 6), "batch_rows": len(rows)})
         return results
 

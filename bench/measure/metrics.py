@@ -39,6 +39,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.measure.acceptance import acceptance_aggregates
 from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
 from bench.planning.costmodel import Profile, predicted_speedup
 from bench.records import PHASES
@@ -155,6 +156,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
     }
     for k in range(1, ACCEPT_POSITIONS + 1):
         row[f"accept_rate_pos{k}"] = sum(a >= k for a in accepts) / len(accepts) if accepts else math.nan
+    row.update(acceptance_aggregates(records))
     row.update(step_facts(records))
     predicted = predicted_speedup(records, profile) if profile is not None else math.nan
     row["predicted_speedup"] = predicted

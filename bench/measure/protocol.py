@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from bench.measure.acceptance import write_acceptance
 from bench.measure.decoding import PromptTooLong
 from bench.measure.metrics import speedup_text, summarize
 from bench.records import AnswerFile, answer_record, config_key
@@ -48,6 +49,7 @@ class Backend(ABC):
     key_inputs: KeyInputs
     start_warnings: tuple[str, ...] = ()  # said on stderr at the start, kept in meta.json
     profile = None  # the forward-time profile predicting the speedup in the summary (None: no prediction)
+    engine = "specbench"  # what decodes: our engine, or a server's engine (the per-request records' `engine`)
 
     def open(self, resources: ExitStack) -> None:
         """Start and check what answering needs (servers, closed with `resources`), before the warm-up."""
@@ -212,6 +214,7 @@ class InterleavedRun:
             summary = self.backend.summary_columns(summary, list(self.answers.records.values()),
                                                    self.baselines.records)
             summary.to_csv(out_dir / "summary.csv", index=False)
+            write_acceptance(out_dir, list(self.answers.records.values()), self.backend.label, self.backend.engine)
         meta = {**self.backend.provenance(self.started), "run_key": self.answers.run_key,
                 "baseline_run_key": self.baseline_key, "skipped_questions": sorted(self.skipped.records),
                 "start_warnings": self.backend.start_warnings, **self.backend.summary_facts(summary)}

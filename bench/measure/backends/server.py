@@ -79,7 +79,7 @@ class ServerBackend(Backend):
     def __init__(self, settings: RunSettings, cfg: DictConfig, tokenizer):
         self.settings, self.cfg, self.tokenizer, server = settings, cfg, tokenizer, cfg.server
         self.group_size, self.group_column = int(server.concurrency), "concurrency"
-        self.label = server.name
+        self.label, self.engine = server.name, server.engine
         self.method_is_baseline = not server.speculative
         self.key_inputs = server_key_inputs(cfg)
         gen = settings.generation
