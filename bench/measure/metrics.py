@@ -28,6 +28,9 @@
   (bench/planning/costmodel.py); model_gap = speedup / predicted_speedup - 1 (negative: slower than the profile
   explains), gap_flagged when the prediction lies outside the speedup's 95% interval: time spent outside drafting
   and the target's forward.
+- best_fixed_k / best_fixed_k_speedup / oracle_speedup: bounds on predicted_speedup from the same recorded steps with
+  every step capped at the best fixed number of drafts, or each step's drafts cut by an oracle
+  (bench/planning/bounds.py); NaN where predicted_speedup is.
 - joules_per_token / baseline_joules_per_token: GPU energy (NVML, bench/measure/gpu.py) of the method's / its paired
   baseline's turns over their generated tokens; NaN where no energy was measured (CPU, NVML missing).
 Token counts come from generated ids, never from re-tokenised text.
@@ -41,6 +44,7 @@ import pandas as pd
 
 from bench.measure.acceptance import acceptance_aggregates
 from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD, cpu_share, is_starved
+from bench.planning.bounds import bounds_row
 from bench.planning.costmodel import Profile, predicted_speedup
 from bench.records import PHASES
 from tasks import task_of
@@ -162,6 +166,7 @@ def _row(method: str, task: str, records: list[dict], baselines: dict[int, dict]
     row["predicted_speedup"] = predicted
     row["model_gap"] = row["speedup"] / predicted - 1 if predicted == predicted else math.nan
     row["gap_flagged"] = bool(predicted == predicted and low == low and not low <= predicted <= high)
+    row.update(bounds_row(records, profile))
     return row
 
 

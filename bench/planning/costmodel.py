@@ -140,18 +140,20 @@ def predicted_seconds(record: dict, profile: Profile) -> tuple[float, float] | N
     return method, vanilla
 
 
+def speedup_of(tokens: list[int], method_seconds: list[float], vanilla_seconds: list[float]) -> float:
+    """Per record tokens and seconds -> speedup, aggregated as the measured one is: mean tokens/s of the method over
+    mean tokens/s of vanilla."""
+    tokens = np.asarray(tokens, dtype=float)
+    method = tokens / np.maximum(np.asarray(method_seconds, dtype=float), 1e-12)
+    return float(np.mean(method) / np.mean(tokens / np.maximum(np.asarray(vanilla_seconds, dtype=float), 1e-12)))
+
+
 def predicted_speedup(records: list[dict], profile: Profile) -> float:
-    """The speedup the profile predicts for these records, aggregated as the measured one is (mean tokens/s of the
-    method over mean tokens/s of vanilla); NaN when a record has no step data."""
-    method_speeds, vanilla_speeds = [], []
-    for record in records:
-        seconds = predicted_seconds(record, profile)
-        if seconds is None:
-            return float("nan")
-        tokens = sum(record["choices"][0]["new_tokens"])
-        method_speeds.append(tokens / max(seconds[0], 1e-12))
-        vanilla_speeds.append(tokens / max(seconds[1], 1e-12))
-    return float(np.mean(method_speeds) / np.mean(vanilla_speeds)) if records else float("nan")
+    """The speedup the profile predicts for these records (`speedup_of`); NaN when a record has no step data."""
+    seconds = [predicted_seconds(record, profile) for record in records]
+    if not records or any(s is None for s in seconds):
+        return float("nan")
+    return speedup_of([sum(r["choices"][0]["new_tokens"]) for r in records], *zip(*seconds))
 
 
 def best_size(accept_probs: list[float], context: int, profile: Profile, aux: int = 0,
