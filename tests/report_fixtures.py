@@ -15,14 +15,16 @@ BASE_TIME = {qid: 1.0 for qid, _ in QUESTIONS}  # vanilla: 12 tokens per turn in
 TASK_OF_QID = dict(zip((q for q, _ in QUESTIONS),
                        ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]))
 # the long-input task's buckets, one question each (the file order of tasks/data/long_inputs.jsonl's ids)
+PROMPT_TOKENS = 20  # of every turn of a record given `drafted`
 BUCKET_QUESTIONS = [(1101, "long_1k"), (1201, "long_2k"), (1401, "long_4k"), (1701, "long_7k")]
 
 
 def record(question_id: int, category: str, method: str, accepts: list[list[int]], wall_time: list[float],
            exact_match: bool | None = True, divergence: dict | None = None, run_key: str = "key",
-           cpu_share: float | None = None) -> dict:
+           cpu_share: float | None = None, drafted: list[int] | None = None) -> dict:
     """A Spec-Bench answer line whose turn k made its prefill's token, then accepts[k] tokens per decode step; with
-    `cpu_share`, timed once per turn on one thread, having that share of the CPU."""
+    `cpu_share`, timed once per turn on one thread, having that share of the CPU; with `drafted`, every turn's steps
+    drafted that many nodes each, after a prompt of PROMPT_TOKENS."""
     timing = {} if cpu_share is None else {"wall_times": [[w] for w in wall_time],
                                            "cpu_times": [[w * cpu_share] for w in wall_time],
                                            "threads": [1] * len(wall_time), "cores": [2] * len(wall_time)}
@@ -38,6 +40,8 @@ def record(question_id: int, category: str, method: str, accepts: list[list[int]
             "accept_lengths": [x for a in accepts for x in a],
             "token_ids": [list(range(1 + sum(a))) for a in accepts],
             **timing,
+            **({} if drafted is None else {"drafted_tokens": [list(drafted)] * len(accepts),
+                                           "prompt_tokens": [PROMPT_TOKENS] * len(accepts)}),
         }],
         "exact_match": exact_match,
         "divergence": divergence,
@@ -80,10 +84,11 @@ def turns_of(category: str) -> int:
 
 
 def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[int], diverge: dict | None = None,
-               cpu_share: float | None = None, questions: list[tuple[int, str]] = QUESTIONS, **kw) -> Path:
+               cpu_share: float | None = None, questions: list[tuple[int, str]] = QUESTIONS,
+               drafted: list[int] | None = None, **kw) -> Path:
     """A method run whose question qid (of `questions`) ran `factor[qid]` times faster than its interleaved vanilla,
     adding `accepts` tokens per decode step in each turn (after its prefill's token); `diverge` gives qid ->
-    divergence record; with `cpu_share`, every turn had that share of the CPU."""
+    divergence record; with `cpu_share`, every turn had that share of the CPU; `drafted`: nodes drafted per step."""
     answers, baselines = [], []
     for qid, category in questions:
         if qid not in factor:
@@ -91,7 +96,8 @@ def method_run(path: Path, method: str, factor: dict[int, float], accepts: list[
         turns = turns_of(category)
         divergence = (diverge or {}).get(qid)
         answers.append(record(qid, category, method, [list(accepts)] * turns, [1.0 / turns / factor[qid]] * turns,
-                              exact_match=divergence is None, divergence=divergence, cpu_share=cpu_share))
+                              exact_match=divergence is None, divergence=divergence, cpu_share=cpu_share,
+                              drafted=drafted))
         baselines.append(record(qid, category, "vanilla", [[1] * sum(accepts)] * turns, [1.0 / turns] * turns,
                                 cpu_share=cpu_share))
     return write_run(path, method, answers, baselines, **kw)

@@ -175,7 +175,8 @@ def report(tmp_path):
     results = tmp_path / "results"
     write_run(results / "vanilla", "vanilla", vanilla_records(BASE_TIME), finished="2026-03-01T09:00:00")
     method_run(results / "pld", "pld", {q: 1.5 for q, _ in QUESTIONS}, [3, 3, 3, 2], finished="2026-03-02T09:00:00")
-    method_run(results / "sps", "sps", {q: 2.25 for q, _ in QUESTIONS}, [4, 4, 3], finished="2026-03-02T10:00:00")
+    method_run(results / "sps", "sps", {q: 2.25 for q, _ in QUESTIONS}, [4, 4, 3], finished="2026-03-02T10:00:00",
+               drafted=[3, 3, 3])
     method_run(results / "rest", "rest", {321: 1.2}, [2, 2, 2, 2, 2, 1], task="qa", finished="2026-03-03T09:00:00")
     method_run(results / "pld-fp32", "pld", {321: 0.5}, [11], dtype="float32", task="qa", device="cuda:0",
                device_name="Test GPU", torch_version="2.9.0")
@@ -235,14 +236,19 @@ def test_acceptance_table_and_plots_and_html(report):
     # sps accepts 3, 3, 2 draft tokens in its decode steps
     assert [sps[f"accept_rate_pos{k}"] for k in range(1, 6)] == pytest.approx([1, 1, 2 / 3, 0, 0])
     assert "vanilla" not in set(acceptance.method)
-    assert "| sps | 1.000 | 1.000 | 0.667 | 0.000 | 0.000 | 3.667 |" in (out / "acceptance.md").read_text()
+    text = (out / "acceptance.md").read_text()
+    # k 3; 11 tokens in 3 steps a turn; 8 of 9 drafts accepted; 7 turns x 3 steps at contexts 20, 24, 28
+    assert "| sps | 3 | 3.667 | 3.667 | 3.667 | 89% | 0% | 1.000 | 1.000 | 0.667 | 0.000 | 0.000 |" in text
+    assert "| sps | 3.67 (21) | — | — | — | — |" in text  # by context length and by position: the first bins
+    assert "| pld | — | 2.750 | 2.750 | — | — | — |" in text  # records without drafted_tokens: unknown, not 0
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 8 and all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     page = (out / "index.html").read_text()
     figures = page_figures(page)
     assert sorted(figures) == pngs and all(figures[p] == (out / p).read_bytes() for p in pngs)  # the files, inside
     assert "http://" not in page and "https://" not in page and "<script" not in page
-    assert page.count("<table>") == 7 and "2.25x" in page and "Retrieval-aug. Generation" in page
+    # per setting (two): leaderboard, costs, acceptance, by context, by position; then the backends side by side
+    assert page.count("<table>") == 11 and "2.25x" in page and "Retrieval-aug. Generation" in page
 
 
 def test_cli_writes_the_report(tmp_path, capsys):
@@ -739,3 +745,20 @@ def test_a_method_has_one_colour_in_every_plot_of_the_page(tmp_path, drawn):
         for method in ("pld", "eagle2"):
             colours.setdefault(method, set()).update(found[method])
     assert all(len(found) == 1 for found in colours.values()) and colours["pld"] != colours["eagle2"]
+
+
+def test_the_report_notes_where_pooled_and_per_request_acceptance_rank_two_methods_apart(tmp_path):
+    results = tmp_path / "results"
+    turns = {"one_long_step": [[5], [1, 1, 1, 1]], "steady": [[2, 2], [2, 2]]}  # 9/5 vs 2 pooled; 3 vs 2 per turn
+    for method, accepts in turns.items():
+        write_run(results / method, method, [record(81, "writing", method, accepts, [0.5, 0.5])],
+                  [record(81, "writing", "vanilla", [[1] * 5, [1] * 4], [1.0, 1.0])], task="mt_bench")
+    write_report(results, tmp_path / "report")
+    text = (tmp_path / "report" / "acceptance.md").read_text()
+    assert ("The two aggregates rank methods differently here: steady 2.00 vs one_long_step 1.80 over all steps, "
+            "2.00 vs 3.00 per request.") in text
+    agreeing = tmp_path / "agreeing"
+    for method, accepts in {"a": [[3], [3]], "b": [[2, 2], [2, 2]]}.items():
+        write_run(agreeing / method, method, [record(81, "writing", method, accepts, [0.5, 0.5])], task="mt_bench")
+    write_report(agreeing, tmp_path / "report2")
+    assert "rank methods differently" not in (tmp_path / "report2" / "acceptance.md").read_text()

@@ -170,7 +170,9 @@ def plot_accept_by_position(acceptance: pd.DataFrame, path: Path, title: str, pa
     fig, ax = plt.subplots(figsize=(6, 4.5))
     positions = list(range(1, ACCEPT_POSITIONS + 1))
     for row in acceptance.itertuples(index=False):
-        ax.plot(positions, [getattr(row, c) for c in POSITION_COLUMNS], label=row.method, **palette.style(row.method))
+        k = getattr(row, "draft_k", math.nan)
+        label = row.method if pd.isna(k) else f"{row.method} (k={int(k)})"  # positions compare at equal k only
+        ax.plot(positions, [getattr(row, c) for c in POSITION_COLUMNS], label=label, **palette.style(row.method))
     ax.set_xticks(positions)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position k")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.measure.acceptance import CONTEXT_EDGES, POSITION_EDGES
 from bench.report.page import Section, html_figures, html_page, html_table, method_links, section_id
 from bench.report.plots import (
     PLOT_PREFIXES,
@@ -46,9 +47,10 @@ from bench.report.regimes import (
 )
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
 from bench.report.tables import (
-    POSITION_COLUMNS,
     accept_lengths_by_method,
+    acceptance_by,
     acceptance_table,
+    acceptance_text,
     backend_comparisons,
     backend_table,
     batch_sweep_table,
@@ -59,6 +61,7 @@ from bench.report.tables import (
     formatted,
     markdown,
     profiles_of,
+    rank_note,
     setting_facts,
     sweeps_across_backends,
     table_warnings,
@@ -108,6 +111,18 @@ COST_NOTES = (
 )
 
 
+ACCEPTANCE_NOTES = (
+    "k: the most draft tokens a step verified. #MAT (all steps): tokens per decode step over every step, pooled "
+    "(Spec-Bench's; vLLM and SGLang pool too); #MAT (per request): each turn's tokens per step, averaged over turns "
+    "(SpecForge's). accept length (drafted steps): 1 + accepted drafts per step that drafted (vLLM's and AIPerf's "
+    "mean acceptance length); draft acceptance: accepted / drafted tokens; steps without draft: share of decode "
+    "steps that drafted nothing (copy-based methods find no match). accept_rate_posK: share of decode steps that "
+    "accepted at least K draft tokens; compare it only between methods of equal k. By context length / position: "
+    "tokens per decode step of the steps that began at that cached context / that many tokens into the answer "
+    "(steps counted in brackets). Per-request records: each run's acceptance.jsonl (docs/metrics.md)."
+)
+
+
 DEFINITIONS = {  # the leaderboard's columns and marks
     "Speedup": "mean tokens/s of the method over a task's questions / the same for vanilla on the same questions "
                "(vanilla decoded interleaved in the method's run); in brackets its 95% interval from a paired "
@@ -151,8 +166,7 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
     flat.to_parquet(out / "leaderboard.parquet", index=False)
 
     context = Context(out, Palette(board.method), method_links(board.method.unique(), out))
-    acc_md = ["# Acceptance rate by draft position", "",
-              "Share of decode steps (prefill steps left out) that accepted at least k drafted tokens.", ""]
+    acc_md = ["# Acceptance", "", ACCEPTANCE_NOTES, ""]
     md, sections, verdicts, acceptance_rows, taken = [], [], [], [], set()
     for setting, group in board.groupby("setting", sort=False):
         section = setting_section(context, group, latest[latest.setting == setting], labels, taken,
@@ -224,8 +238,9 @@ def setting_section(context: Context, group: pd.DataFrame, group_runs: pd.DataFr
     plots, cost_plots = setting_plots(context, group, group_runs, labels, table, acceptance, name, title)
     costs = cost_table(group)
     header = " · ".join(f"{k}: {v}" for k, v in facts.items())
-    shown_acc = acceptance.assign(**{c: acceptance[c].map(lambda v: f"{v:.3f}")
-                                     for c in [*POSITION_COLUMNS, "mean_accepted_tokens"]})
+    shown_acc, rank = acceptance_text(acceptance), rank_note(acceptance)
+    by_context = acceptance_by(group_runs, labels, "context", CONTEXT_EDGES)
+    by_position = acceptance_by(group_runs, labels, "position", POSITION_EDGES)
     page = (f"<p class='facts'>{html.escape(header)}</p>"
             + (f"<p class='note'>{html.escape(note)}</p>" if note else "") + html_table(shown, context.links)
             + "".join(f"<p class='note'>{html.escape(line)}</p>" for line in notes)
@@ -233,11 +248,17 @@ def setting_section(context: Context, group: pd.DataFrame, group_runs: pd.DataFr
                       if line)
             + html_figures(context.out, plots) + "<h3>Where the time goes</h3>" + html_table(costs, context.links)
             + html_figures(context.out, cost_plots)
-            + "<h3>Acceptance rate by draft position</h3>" + html_table(shown_acc, context.links))
+            + "<h3>Acceptance</h3>" + html_table(shown_acc, context.links)
+            + (f"<p class='warn'>{html.escape(rank)}</p>" if rank else "")
+            + "<h3>Tokens per decode step by context length</h3>" + html_table(by_context, context.links)
+            + "<h3>Tokens per decode step by position in the answer</h3>" + html_table(by_position, context.links))
     return {"md": [f"## {title}", "", header, "", *([note, ""] if note else []),
                    markdown(shown) + "".join(f"\n\n{line}" for line in notes) + warning, "",
                    "### Where the time goes", "", markdown(costs), ""],
-            "acceptance_md": [f"## {title}", "", markdown(shown_acc), ""], "html": Section(name, title, page),
+            "acceptance_md": [f"## {title}", "", markdown(shown_acc), "", *([rank, ""] if rank else []),
+                              "### Tokens per decode step by context length", "", markdown(by_context), "",
+                              "### Tokens per decode step by position in the answer", "", markdown(by_position), ""],
+            "html": Section(name, title, page),
             "verdict": verdict(group), "acceptance": acceptance.assign(**group.iloc[0][SETTING_COLUMNS].to_dict())}
 
 

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 
+from bench.measure.acceptance import bin_label, bin_labels, step_table
 from bench.measure.metrics import ACCEPT_POSITIONS, speedup_text, summarize
 from bench.planning.costmodel import Profile
 from bench.records import PHASES
@@ -49,6 +50,19 @@ SHARE_COLUMNS = [f"{phase}_share" for phase in PHASES]
 COST_COLUMNS = ["predicted_speedup", "model_gap", "gap_flagged", "mean_verified_tokens", *SHARE_COLUMNS]
 
 
+BOUND_COLUMNS = ["best_fixed_k", "best_fixed_k_speedup", "oracle_speedup"]  # bench/planning/bounds.py
+
+
+AGGREGATE_COLUMNS = {  # acceptance aggregates (bench/measure/acceptance.py) as the acceptance table heads them
+    "draft_k": "k",
+    "mean_accepted_tokens": "#MAT (all steps)",
+    "mean_accepted_tokens_per_request": "#MAT (per request)",
+    "accept_length_drafted_steps": "accept length (drafted steps)",
+    "draft_acceptance_rate": "draft acceptance",
+    "steps_without_draft_share": "steps without draft",
+}
+
+
 VANILLA = "vanilla"
 
 
@@ -78,7 +92,8 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
                "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_tokens",
                "exact_match", "numeric_ties", "exact_match_or_tie", "exact_until_divergence", "diverged_questions",
                "cpu_share", "starved",
-               *POSITION_COLUMNS, *COST_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
+               *POSITION_COLUMNS, *(c for c in AGGREGATE_COLUMNS if c != "mean_accepted_tokens"), *COST_COLUMNS,
+               *BOUND_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
                "runs"]
     if latest.empty:
         return pd.DataFrame(columns=columns)
@@ -339,6 +354,9 @@ def cost_table(board: pd.DataFrame) -> pd.DataFrame:
         **{phase: overall[f"{phase}_share"].map(lambda v: "—" if pd.isna(v) else f"{v:.0%}") for phase in PHASES},
         "verified/step": overall.mean_verified_tokens.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}"),
         MAT_COLUMN: overall.mean_accepted_tokens.map(lambda v: f"{v:.2f}"),
+        "bound: best fixed k": ["—" if pd.isna(s) else f"{s:.2f}x (k={int(k)})"
+                                for k, s in zip(overall.best_fixed_k, overall.best_fixed_k_speedup)],
+        "bound: oracle k": overall.oracle_speedup.map(lambda v: "—" if pd.isna(v) else f"{v:.2f}x"),
     })
     return table.iloc[overall.speedup.fillna(-1).argsort()[::-1]].reset_index(drop=True)
 
@@ -380,6 +398,56 @@ def table_warnings(board: pd.DataFrame) -> str:
 
 
 def acceptance_table(board: pd.DataFrame) -> pd.DataFrame:
+    """Per drafting method (overall): the acceptance aggregates and the acceptance rate at each draft position."""
     overall = board[(board.task == "overall") & (board.method != VANILLA)]
-    return overall[["method", *POSITION_COLUMNS, "mean_accepted_tokens"]].sort_values(
+    return overall[["method", *AGGREGATE_COLUMNS, *POSITION_COLUMNS]].sort_values(
         "mean_accepted_tokens", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def acceptance_text(table: pd.DataFrame) -> pd.DataFrame:
+    """acceptance_table as displayed: its headings, shares as percentages, — where a source cannot tell."""
+    def text(column: str, value) -> str:
+        if pd.isna(value):
+            return "—"
+        if column == "draft_k":
+            return str(int(value))
+        return f"{value:.0%}" if column in ("draft_acceptance_rate", "steps_without_draft_share") else f"{value:.3f}"
+
+    shown = pd.DataFrame({"method": table.method})
+    for column in [*AGGREGATE_COLUMNS, *POSITION_COLUMNS]:
+        shown[AGGREGATE_COLUMNS.get(column, column)] = [text(column, v) for v in table[column]]
+    return shown
+
+
+def rank_note(table: pd.DataFrame) -> str:
+    """A line where #MAT over all steps (Spec-Bench's, pooled as vLLM and SGLang pool it) and the mean over requests
+    (SpecForge's) order two methods differently, naming each such pair; '' where they agree."""
+    rows = table.dropna(subset=["mean_accepted_tokens", "mean_accepted_tokens_per_request"]).to_dict("records")
+    flips = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]
+             if (a["mean_accepted_tokens"] - b["mean_accepted_tokens"])
+             * (a["mean_accepted_tokens_per_request"] - b["mean_accepted_tokens_per_request"]) < 0]
+    if not flips:
+        return ""
+    pairs = "; ".join(f"{a['method']} {a['mean_accepted_tokens']:.2f} vs {b['method']} "
+                      f"{b['mean_accepted_tokens']:.2f} over all steps, {a['mean_accepted_tokens_per_request']:.2f} "
+                      f"vs {b['mean_accepted_tokens_per_request']:.2f} per request" for a, b in flips)
+    return (f"The two aggregates rank methods differently here: {pairs}. Pooled over steps, long requests weigh "
+            f"more; per request, every request counts once (docs/metrics.md).")
+
+
+def acceptance_by(runs: pd.DataFrame, labels: dict, key: str, edges: tuple[int, ...]) -> pd.DataFrame:
+    """Per drafting method, mean tokens per decode step (accepted drafts + 1) over its steps binned by `key`
+    (`context`: cached tokens when the step drafted; `position`: tokens decoded before it in its answer), with
+    the steps counted: `1.85 (120)`; — for an empty bin."""
+    steps: dict[str, list[dict]] = {}
+    for row in runs[~runs.is_baseline].itertuples():
+        steps.setdefault(labels[row.setting, row.method_config], []).extend(step_table([row.record]))
+    columns = bin_labels(edges)
+    out = []
+    for method, rows in steps.items():
+        binned: dict[str, list[int]] = {}
+        for step in rows:
+            binned.setdefault(bin_label(step[key], edges), []).append(step["accepted"] + 1)
+        out.append({"method": method, **{c: f"{sum(binned[c]) / len(binned[c]):.2f} ({len(binned[c])})"
+                                         if c in binned else "—" for c in columns}})
+    return pd.DataFrame(out, columns=["method", *columns])
