@@ -97,6 +97,8 @@ class RunSettings:
     starvation_threshold: float = 0.75  # CPU share below which the run is starved
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
     compiled: bool = False  # engine.compile=on: the batch-1 engine's compiled forwards (bench/engine/target.py)
+    tracking: str = "none"  # none | mlflow: the finished run logged to MLflow (bench/tracking.py)
+    tracking_uri: str | None = None  # MLflow's tracking URI; None: ./mlruns
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
@@ -111,6 +113,7 @@ class RunSettings:
             TaskSettings(task.name, task.get("limit")),
             MethodSettings(method.name, sizing_of(method), drafter_settings(method)),
             **{key: cfg[key] for key in ("backend", "device", "seed", "out_dir", "baseline", "warmup_tokens",
-                                         "repeats", "starvation_threshold") if key in cfg},
+                                         "repeats", "starvation_threshold", "tracking", "tracking_uri")
+               if key in cfg},
             **({"bootstrap": Bootstrap(**cfg.bootstrap)} if "bootstrap" in cfg else {}),
             compiled=(cfg.get("engine") or {}).get("compile") == "on")

@@ -11,6 +11,7 @@ from bench.errors import ConfigError
 from bench.knobs import knob_problems
 from bench.models import DTYPES
 from bench.settings import RunSettings
+from bench.tracking import MISSING, TRACKINGS, mlflow_installed
 from tasks.prompts import PROMPT_FORMATS
 
 
@@ -55,6 +56,9 @@ RULES = [
      f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,
      " or ".join(ATTENTION_IMPLEMENTATIONS) + " (flash attention ignores the 4-D tree masks verification needs)"),
+    ("tracking", lambda v: v in TRACKINGS, " or ".join(TRACKINGS) + " (mlflow: log the finished run to MLflow)"),
+    ("tracking_uri", lambda v: v is None or (isinstance(v, str) and v != ""),
+     "an MLflow tracking URI, or null for a local mlruns/ folder"),
 ]
 _ABSENT = object()
 
@@ -92,6 +96,8 @@ def validate(cfg: DictConfig) -> RunSettings:
     if OmegaConf.select(cfg, "engine.compile") == "on" and int(cfg.gen.get("batch_size", 1)) > 1:
         problems.append(f"engine.compile=on: the batched engine (gen.batch_size={cfg.gen.batch_size}) runs eager "
                         f"so far; use gen.batch_size=1 or engine.compile=off")
+    if cfg.get("tracking") == "mlflow" and not mlflow_installed():  # refused before the run, not after it
+        problems.append(MISSING)
     problems += drafter_problems(cfg.method)
     if problems:
         raise ConfigError("\n".join(problems))

@@ -18,6 +18,7 @@ from bench.measure.decoding import PromptTooLong
 from bench.measure.metrics import speedup_text, summarize
 from bench.records import AnswerFile, answer_record, config_key
 from bench.settings import RunSettings
+from bench.tracking import track_run
 
 METHOD, BASELINE = "method", "baseline"  # the two sides a backend answers for
 BASELINE_METHOD = "vanilla"  # the method name of the baseline's records (baseline.jsonl)
@@ -133,6 +134,7 @@ class InterleavedRun:
                 self.backend.timing_ends()
                 summary = self.finish()
         self.print_closing(summary)
+        track_run(self.settings, summary, Path(self.settings.out_dir))  # tracking=mlflow (bench/tracking.py)
         return summary
 
     def sides(self) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.records import RECORD_FORMAT
+from bench.report.imports import OURS
 from bench.report.runs import load_runs, setting_of
 from bench.report.tables import is_flagged, leaderboard
 
@@ -67,6 +68,8 @@ def current_board(path: Path) -> pd.DataFrame:
         if runs.empty:
             raise RegressError(f"no runs (answers.jsonl + meta.json) and no leaderboard.csv under {path}")
         board = leaderboard(runs)
+    if "source" in board:  # other tools' imported rows (bench/report/imports/) are not ours to gate
+        board = board[board.source.fillna(OURS) == OURS]
     if board.empty:
         raise RegressError(f"the leaderboard under {path} has no rows")
     board = board.reindex(columns=[*board.columns, *(c for c in NEWER_COLUMNS if c not in board.columns)])

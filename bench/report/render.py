@@ -7,6 +7,8 @@ Runs of different settings (model, device, dtype, max_new_tokens, temperature, b
 settings that differ only in batch size also get a batch-size sweep: throughput speedup per method and batch size.
 The page opens with a verdict per setting (bench/report/verdict.py), then a table of contents, the tables and plots
 (a colour per method across all of them), and the definitions last; index.html holds its plots (bench/report/page.py).
+Other tools' results (vLLM's bench serve, AIPerf, Spec-Bench; bench/report/imports/) join leaderboard.csv with their
+`source` and a table of all sources side by side (bench/report/sources.py), never a setting's table or plots.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.measure.acceptance import CONTEXT_EDGES, POSITION_EDGES
+from bench.report.imports import with_imports
 from bench.report.page import Section, html_figures, html_page, html_table, method_links, section_id
 from bench.report.plots import (
     PLOT_PREFIXES,
@@ -46,6 +49,7 @@ from bench.report.regimes import (
     temperature_text,
 )
 from bench.report.runs import SETTING_COLUMNS, load_runs, method_labels, select_latest
+from bench.report.sources import SOURCE_NOTES, imported_files, sources_table
 from bench.report.tables import (
     accept_lengths_by_method,
     acceptance_by,
@@ -150,18 +154,20 @@ DEFINITIONS = {  # the leaderboard's columns and marks
 }
 
 
-def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
-    """Everything `python -m bench.report` writes; returns the long leaderboard DataFrame."""
+def write_report(results_dir: Path, out: Path, imported: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Everything `python -m bench.report` writes; returns the long leaderboard DataFrame, with a `source` column
+    and the `imported` rows of other tools' results (bench.report.imports.load_imports), if any."""
     runs = load_runs(results_dir)
-    if runs.empty:
+    if runs.empty and (imported is None or imported.empty):
         raise SystemExit(f"error: no runs (answers.jsonl + meta.json) under {results_dir}")
     out.mkdir(parents=True, exist_ok=True)
     for stale in [p for prefix in PLOT_PREFIXES for p in out.glob(f"{prefix}-*.png")]:  # of an earlier report
         stale.unlink()
     latest = select_latest(runs)
-    labels = method_labels(latest)
+    labels = method_labels(latest) if not latest.empty else {}
     board = board_of(latest, labels)
-    flat = board.drop(columns="setting")
+    everything = with_imports(board, imported)
+    flat = everything.drop(columns="setting")
     flat.to_csv(out / "leaderboard.csv", index=False)
     flat.to_parquet(out / "leaderboard.parquet", index=False)
 
@@ -176,7 +182,8 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
         sections.append(section["html"])
         verdicts.append((section["html"], section["verdict"]))
         acceptance_rows.append(section["acceptance"])
-    for section_md, section in [*comparison_sections(context, board), *regime_sections(context, board, runs)]:
+    imports = [sources_section(context, everything)] if len(everything) > len(board) else []
+    for section_md, section in [*imports, *comparison_sections(context, board), *regime_sections(context, board, runs)]:
         md += section_md
         sections.append(section)
 
@@ -186,9 +193,10 @@ def write_report(results_dir: Path, out: Path) -> pd.DataFrame:
                                                    *(f"- **{term}**: {text}" for term, text in DEFINITIONS.items()),
                                                    "", COST_NOTES, ""]))
     (out / "acceptance.md").write_text("\n".join(acc_md))
-    pd.concat(acceptance_rows, ignore_index=True).to_csv(out / "acceptance.csv", index=False)
+    pd.concat(acceptance_rows or [acceptance_table(board)], ignore_index=True).to_csv(out / "acceptance.csv",
+                                                                                   index=False)
     (out / "index.html").write_text(html_page(verdicts, sections, DEFINITIONS, COST_NOTES))
-    return board
+    return everything
 
 
 @dataclass
@@ -213,6 +221,17 @@ def comparison_sections(context: Context, board: pd.DataFrame) -> list[tuple[lis
                     Section(section_id(title), title, f"<p class='note'>{html.escape(BACKEND_NOTES)}</p>"
                             + html_table(table, context.links))))
     return out
+
+
+def sources_section(context: Context, everything: pd.DataFrame) -> tuple[list[str], Section]:
+    """Our runs' rows beside the imported ones (bench/report/sources.py): Markdown lines and a Section."""
+    table, files = sources_table(everything), imported_files(everything)
+    title = "All sources side by side"
+    listed = "Imported: " + "; ".join(files) + "."
+    md = [f"## {title}", "", SOURCE_NOTES, "", markdown(table), "", listed, ""]
+    body = (f"<p class='note'>{html.escape(SOURCE_NOTES)}</p>" + html_table(table, context.links)
+            + f"<p class='note'>{html.escape(listed)}</p>")
+    return md, Section(section_id(title), title, body)
 
 
 def setting_title(facts: dict[str, str], temperature: float) -> str:
