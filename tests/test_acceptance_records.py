@@ -101,3 +101,22 @@ def test_bins_name_their_bounds():
     edges = (1024, 2048, 4096)
     assert [bin_label(v, edges) for v in (0, 1023, 1024, 2047, 4095, 4096)] == \
         ["<1024", "<1024", "1024-2047", "1024-2047", "2048-4095", ">=4096"]
+
+
+def test_the_report_exports_our_runs_as_aiperf_records_that_read_back_with_the_same_acceptance(tmp_path):
+    from bench.report.imports.aiperf import rows as aiperf_rows
+    from bench.report.render import write_report
+    from tests.report_fixtures import QUESTIONS, method_run
+
+    method_run(tmp_path / "runs" / "sps", "sps", {q: 2.0 for q, _ in QUESTIONS}, [4, 4, 3], drafted=[3, 3, 3])
+    board = write_report(tmp_path / "runs", tmp_path / "report")
+    (path,) = (tmp_path / "report" / "aiperf").rglob("profile_export.jsonl")
+    assert path.parent.name == "sps"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 7  # six questions, the MT-bench one with two turns
+    assert lines[0]["spec_decode_acceptance"]["acceptance_histogram"] == {"3": 2, "2": 1}
+    assert lines[0]["metrics"]["output_sequence_length"] == {"value": 12, "unit": "tokens"}
+    (row,) = aiperf_rows(path)
+    overall = board[(board.method == "sps") & (board.task == "overall")].iloc[0]
+    assert row.mean_accepted_tokens == pytest.approx(overall.accept_length_drafted_steps) == 1 + 8 / 3
+    assert row.n_questions == 7 and row.new_tokens == 7 * 12

@@ -224,3 +224,20 @@ def test_compiled_batches_are_refused_in_one_line(compose):
         validate(compose("method=pld", "gen.batch_size=2", "engine.compile=on"))
     with pytest.raises(ConfigError, match="^engine.compile=fast: must be off or on"):
         validate(compose("method=pld", "engine.compile=fast"))
+
+
+def test_precompiled_graphs_serve_every_step_without_compiling_again(tiny_model, prompts, one_thread):
+    """precompile makes each bucket's graph as generate will call it (inference mode included), so no graph is made
+    while a turn is timed."""
+    from torch._dynamo.utils import counters
+
+    from methods.pld import PromptLookupDrafter
+
+    prompt = prompts[2] * 2  # repeats: PLD drafts
+    engine = SpeculativeEngine(tiny_model, PromptLookupDrafter(), compile=True)
+    engine.target.reserve(len(prompt) + 30)
+    engine.target.precompile(prompt[:4], 16)
+    made = counters["stats"]["unique_graphs"]
+    out = engine.generate(prompt, StopCondition(30))
+    assert any(n > 1 for n in out.verified_tokens)  # drafts were verified, in more than one bucket's graph
+    assert counters["stats"]["unique_graphs"] == made

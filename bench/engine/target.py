@@ -115,6 +115,7 @@ class CompiledTarget(EagerTarget):
         self.length = len(prompt_ids)
         return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
 
+    @torch.inference_mode()  # as the engine's generate runs: grad mode is one of the graphs' guards
     def precompile(self, prompt_ids: list[int], largest: int = BUCKETS[-1]) -> None:
         """Make the graph of every bucket up to the one of `largest` inputs now (a dummy step of each size after
         `prompt_ids`), so none is made while timed."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.measure.acceptance import CONTEXT_EDGES, POSITION_EDGES
+from bench.report.exports import write_aiperf_exports
 from bench.report.imports import with_imports
 from bench.report.page import Section, html_figures, html_page, html_table, method_links, section_id
 from bench.report.plots import (
@@ -174,6 +175,7 @@ def write_report(results_dir: Path, out: Path, imported: pd.DataFrame | None = N
     context = Context(out, Palette(board.method), method_links(board.method.unique(), out))
     acc_md = ["# Acceptance", "", ACCEPTANCE_NOTES, ""]
     md, sections, verdicts, acceptance_rows, taken = [], [], [], [], set()
+    slugs = {}
     for setting, group in board.groupby("setting", sort=False):
         section = setting_section(context, group, latest[latest.setting == setting], labels, taken,
                                   split_note(board, setting))
@@ -182,6 +184,7 @@ def write_report(results_dir: Path, out: Path, imported: pd.DataFrame | None = N
         sections.append(section["html"])
         verdicts.append((section["html"], section["verdict"]))
         acceptance_rows.append(section["acceptance"])
+        slugs[setting] = section["slug"]
     imports = [sources_section(context, everything)] if len(everything) > len(board) else []
     for section_md, section in [*imports, *comparison_sections(context, board), *regime_sections(context, board, runs)]:
         md += section_md
@@ -196,6 +199,8 @@ def write_report(results_dir: Path, out: Path, imported: pd.DataFrame | None = N
     pd.concat(acceptance_rows or [acceptance_table(board)], ignore_index=True).to_csv(out / "acceptance.csv",
                                                                                    index=False)
     (out / "index.html").write_text(html_page(verdicts, sections, DEFINITIONS, COST_NOTES))
+    if not runs.empty:
+        write_aiperf_exports(latest, labels, slugs, out)
     return everything
 
 
@@ -277,7 +282,7 @@ def setting_section(context: Context, group: pd.DataFrame, group_runs: pd.DataFr
             "acceptance_md": [f"## {title}", "", markdown(shown_acc), "", *([rank, ""] if rank else []),
                               "### Tokens per decode step by context length", "", markdown(by_context), "",
                               "### Tokens per decode step by position in the answer", "", markdown(by_position), ""],
-            "html": Section(name, title, page),
+            "html": Section(name, title, page), "slug": name,
             "verdict": verdict(group), "acceptance": acceptance.assign(**group.iloc[0][SETTING_COLUMNS].to_dict())}
 
 
