@@ -17,15 +17,19 @@ AIPERF_FOLDER = "aiperf"
 def aiperf_lines(records: list[dict], method: str, engine: str) -> list[dict]:
     """One MetricRecordInfo-shaped line per turn of `records`: metadata, metrics (tokens, ms) and the acceptance."""
     requests = request_records(records, method, engine)
+    records_by_id = {r["question_id"]: r for r in records}
     turns = {(r["question_id"], t): (r["choices"][0], t) for r in records
              for t in range(len(r["choices"][0]["new_tokens"]))}
     lines = []
-    for request in requests:
+    for number, request in enumerate(requests):
         choice, turn = turns[request["question_id"], request["turn"]]
         exported, _ = aiperf_export([request])
+        start, end = request_times(records_by_id[request["question_id"]], turn)
         lines.append({
-            "metadata": {"x_request_id": request["request_id"], "conversation_id": str(request["question_id"]),
-                         "turn_index": turn, "benchmark_phase": "profiling", "was_cancelled": False},
+            "metadata": {"session_num": number, "x_request_id": request["request_id"],
+                         "conversation_id": str(request["question_id"]), "turn_index": turn,
+                         "request_start_ns": start, "request_end_ns": end, "worker_id": engine,
+                         "record_processor_id": "specbench", "benchmark_phase": "profiling", "was_cancelled": False},
             "metrics": {"output_sequence_length": {"value": choice["new_tokens"][turn], "unit": "tokens"},
                         "request_latency": {"value": choice["wall_time"][turn] * 1e3, "unit": "ms"},
                         **({"input_sequence_length": {"value": choice["prompt_tokens"][turn], "unit": "tokens"}}
@@ -34,6 +38,14 @@ def aiperf_lines(records: list[dict], method: str, engine: str) -> list[dict]:
             **({"spec_decode_acceptance": exported[0]} if exported else {}),
         })
     return lines
+
+
+def request_times(record: dict, turn: int) -> tuple[int, int]:
+    """A turn's (start, end) in ns since the epoch, as the turn's wall times lie before the record's `tstamp` (when it
+    was written, after its last turn): end - start is the turn's wall time."""
+    walls = record["choices"][0]["wall_time"]
+    end = record.get("tstamp", 0.0) - sum(walls[turn + 1:])
+    return int((end - walls[turn]) * 1e9), int(end * 1e9)
 
 
 def write_aiperf_exports(latest: pd.DataFrame, labels: dict, slugs: dict[str, str], out: Path) -> list[Path]:
