@@ -1,6 +1,6 @@
 """Every command has one home: its main() lives in its command module (`python -m bench.<name>`), library modules
-have none, every console script of pyproject.toml names one of them, docs/running.md lists them all, and each
-answers --help with its usage."""
+have none, every console script of pyproject.toml names one of them (nine at most), docs/running.md lists them all,
+each study (studies/) is in studies/README.md, and each answers --help with its usage."""
 from __future__ import annotations
 
 import ast
@@ -23,12 +23,14 @@ COMMANDS = {
     "bench.smoke": "python -m bench.smoke",
     "bench.regress": "python -m bench.regress",
     "bench.migrate_answers": "python -m bench.migrate_answers",
+    "bench.convert": "python -m bench.convert",
     "bench.report.__main__": "python -m bench.report",
+    "bench.parity.__main__": "python -m bench.parity",
+    "bench.parity.engines": "python -m bench.parity.engines",
     "tasks.build_long_inputs": "python -m tasks.build_long_inputs",
-    "methods.mlp_speculator.to_vllm": "python -m methods.mlp_speculator.to_vllm",
-    "methods.redrafter.to_upstream": "python -m methods.redrafter.to_upstream",
 }
 SOURCE_FOLDERS = ("bench", "methods", "tasks")
+DRIVERS = "bench.parity.sides."  # the parity checks' reference-code drivers: run by path in side environments
 
 
 def module_name(path) -> str:
@@ -36,9 +38,15 @@ def module_name(path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, ast.Module]:
-    return {module_name(p): ast.parse(p.read_text()) for folder in SOURCE_FOLDERS
-            for p in (PROJECT_ROOT / folder).rglob("*.py")}
+def modules(folders: tuple[str, ...] = SOURCE_FOLDERS) -> dict[str, ast.Module]:
+    found = {module_name(p): ast.parse(p.read_text()) for folder in folders
+             for p in (PROJECT_ROOT / folder).rglob("*.py")}
+    return {name: tree for name, tree in found.items() if not name.startswith(DRIVERS)}
+
+
+def studies() -> list[str]:
+    """The studies: the modules of studies/ that run as scripts."""
+    return sorted(name for name, tree in modules(("studies",)).items() if runs_as_script(tree))
 
 
 def runs_as_script(tree: ast.Module) -> bool:
@@ -60,7 +68,7 @@ def console_scripts() -> dict[str, str]:
 
 def test_each_console_script_is_a_command_main_that_imports():
     targets = {name: target.split(":") for name, target in console_scripts().items()}
-    assert {module for module, _ in targets.values()} == set(COMMANDS)
+    assert {module for module, _ in targets.values()} <= set(COMMANDS) and len(targets) <= 9
     for name, (module, function) in targets.items():
         assert function == "main" and callable(getattr(importlib.import_module(module), function)), name
 
@@ -70,6 +78,11 @@ def test_each_command_runs_as_a_script_and_docs_running_lists_it(module):
     path = PROJECT_ROOT / (module.replace(".", "/") + ".py")
     assert runs_as_script(ast.parse(path.read_text()))
     assert f"`{COMMANDS[module]}" in (PROJECT_ROOT / "docs" / "running.md").read_text()
+
+
+def test_each_study_is_listed_in_the_studies_readme_with_its_command():
+    readme = (PROJECT_ROOT / "studies" / "README.md").read_text()
+    assert studies() and [s for s in studies() if f"`python -m {s}" not in readme] == []
 
 
 def test_the_datastore_command_builds_rest_or_samd_and_refuses_other_methods(monkeypatch, capsys):
@@ -101,7 +114,7 @@ def help_commands() -> dict[str, list[str]]:
     __main__), and each console script of pyproject.toml, run as its installed wrapper runs it (main() with the
     script's name as argv[0]) on this checkout's code."""
     runnable = sorted(name.removesuffix(".__main__") for name, tree in modules().items() if runs_as_script(tree))
-    commands = {f"python -m {module}": [sys.executable, "-m", module, "--help"] for module in runnable}
+    commands = {f"python -m {module}": [sys.executable, "-m", module, "--help"] for module in runnable + studies()}
     for name, target in console_scripts().items():
         module, function = target.split(":")
         wrapper = f"import sys; from {module} import {function}; sys.argv[0] = {name!r}; sys.exit({function}())"
@@ -121,7 +134,8 @@ def help_outputs() -> dict[str, subprocess.CompletedProcess]:
 
 
 def test_every_command_and_console_script_answers_help_with_its_usage(help_outputs):
-    assert len(help_outputs) == 2 * len(COMMANDS)  # each command as `python -m` and as its console script
+    # each command and study as `python -m`, and each console script
+    assert len(help_outputs) == len(COMMANDS) + len(studies()) + len(console_scripts())
     modules_of = {name: target.split(":")[0].removesuffix(".__main__") for name, target in console_scripts().items()}
     for command, done in help_outputs.items():
         module = modules_of.get(command, command.removeprefix("python -m "))

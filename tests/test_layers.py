@@ -1,5 +1,6 @@
 """The layers of the house (docs/layout.md): each imports only those below it, no two modules import each other
-in a circle, nothing imports a command-line entry point, and reports load without torch."""
+in a circle, nothing imports a command-line entry point or a study, the parity checks' reference-code drivers import
+nothing of the project, reports load without torch, and every folder of Python source has a rule here."""
 from __future__ import annotations
 
 import ast
@@ -20,11 +21,18 @@ LAYERS = [
     (3, ("methods",)),
     (4, ("bench.measure",)),
     (5, ("bench.report",)),
+    (6, ("bench.parity",)),  # beside the reference code: the engine, the methods, the measurement's divergence finding
 ]
 SIDE_BY_SIDE = {"bench.planning", "methods"}
 ENTRY_POINTS = {"bench.__main__", "bench.smoke", "bench.train", "bench.profile", "bench.datastore", "bench.regress",
-                "bench.migrate_answers", "bench.report.__main__", "tasks.build_long_inputs"}
-SOURCE_FOLDERS = ("bench", "methods", "tasks")
+                "bench.migrate_answers", "bench.convert", "bench.report.__main__", "bench.parity.__main__",
+                "bench.parity.engines", "tasks.build_long_inputs"}
+# Folders of modules that may import anything and that nothing imports: one-off studies feeding a doc, and Hydra's
+# plugins (Hydra finds them by their namespace)
+TOP_FOLDERS = ("studies", "hydra_plugins")
+SOURCE_FOLDERS = ("bench", "methods", "tasks", *TOP_FOLDERS)
+SIDES = "bench.parity.sides"  # run by path in side environments: import nothing of the project
+PROJECT_PACKAGES = {"bench", "methods", "tasks", "tests", *TOP_FOLDERS}
 
 
 def module_name(path) -> str:
@@ -50,9 +58,15 @@ def project_imports() -> dict[str, set[str]]:
     return graph
 
 
+def is_top(module: str) -> bool:
+    """An entry point, a study or a plugin: it may import anything, and nothing imports it."""
+    return module in ENTRY_POINTS or module.split(".")[0] in TOP_FOLDERS
+
+
 def layer_of(module: str) -> tuple[int, str] | None:
-    """(rank, layer prefix) of the longest prefix that names the module's layer; None for entry points."""
-    if module in ENTRY_POINTS:
+    """(rank, layer prefix) of the longest prefix that names the module's layer; None for entry points, studies and
+    plugins."""
+    if is_top(module):
         return None
     best = None
     for rank, prefixes in LAYERS:
@@ -76,9 +90,49 @@ def test_every_import_goes_down_or_stays_in_its_layer():
     assert upward == []
 
 
-def test_no_module_imports_an_entry_point():
+def test_no_module_imports_an_entry_point_or_a_study():
     graph = project_imports()
-    assert [f"{m} -> {o}" for m, imported in graph.items() for o in imported if o in ENTRY_POINTS] == []
+    assert [f"{m} -> {o}" for m, imported in graph.items() for o in imported if is_top(o)] == []
+
+
+def imported_roots(path) -> set[str]:
+    """The top-level names of every module a file imports (at module level or inside functions)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+    return roots
+
+
+def test_the_reference_code_drivers_import_nothing_of_the_project():
+    """bench/parity/sides/ runs in side environments with other packages pinned: its drivers import only what is
+    installed there and each other, never the project (whose package __init__ alone would load it)."""
+    folder = PROJECT_ROOT / SIDES.replace(".", "/")
+    drivers = {path.stem for path in folder.glob("*.py")}
+    found = {path.name: sorted(imported_roots(path) & PROJECT_PACKAGES) for path in folder.glob("*.py")}
+    assert {name: roots for name, roots in found.items() if roots} == {}
+    assert "upstream_driver" in imported_roots(folder / "spec_bench_driver.py") & drivers  # siblings, by name
+
+
+def test_the_drivers_run_by_path_without_the_project():
+    """Each driver imports as its side environment imports it (`python bench/parity/sides/<driver>.py`), and no
+    module of the project is loaded then."""
+    folder = PROJECT_ROOT / SIDES.replace(".", "/")
+    drivers = sorted(path.stem for path in folder.glob("*_driver.py"))
+    code = (f"import sys; sys.path[0] = {str(folder)!r}\n" + "".join(f"import {d}\n" for d in drivers) +
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(PROJECT_PACKAGES)!r})))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_folder_of_python_source_has_a_rule():
+    """Python outside the layered folders (and tests) would have no rule: tools/ holds shell scripts only."""
+    folders = {path.relative_to(PROJECT_ROOT).parts[0] for path in PROJECT_ROOT.rglob("*.py")
+               if not any(part.startswith(".") for part in path.relative_to(PROJECT_ROOT).parts)}
+    assert folders <= {*SOURCE_FOLDERS, "tests"}
 
 
 def test_no_import_circles():

@@ -278,11 +278,11 @@ def test_the_published_pair_for_gpu_users_is_llama3_with_ibms_accelerator():
 
 @pytest.mark.parametrize("draft_vocab", [None, 40])
 def test_our_stages_in_ibms_layout_draft_the_same_candidates(tiny_model, tmp_path, draft_vocab):
-    """methods/mlp_speculator/to_vllm.py: our stages (random, over the full vocabulary or a 40-token slice) rewritten
-    in IBM's layout load as an IBM checkpoint and draft the same candidates."""
+    """methods/mlp_speculator/checkpoints.py's ibm_layout: our stages (random, over the full vocabulary or a 40-token
+    slice) rewritten in IBM's layout load as an IBM checkpoint and draft the same candidates."""
     from methods.heads.common import DraftVocabulary
+    from methods.mlp_speculator.checkpoints import write_ibm_layout
     from methods.mlp_speculator.head import SharedVocabMLPSpeculator
-    from methods.mlp_speculator.to_vllm import write_ibm_layout
 
     ids = None if draft_vocab is None else torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[
         :draft_vocab].sort().values
@@ -319,12 +319,12 @@ def test_committed_mlp_speculator_is_lossless_on_smollm2_as_a_chain_and_with_its
     assert 1.2 < chain < tree and tree > 1.3  # the checkpoint's [5, 4, 3] x 5 candidates accept more
 
 
-def test_to_vllm_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
+def test_the_convert_command_writes_ibm_layout_of_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
     from bench.config import compose_config
+    from bench.convert import main
     from bench.models import load_model
     from methods.heads.common import save_heads
     from methods.mlp_speculator.head import SharedVocabMLPSpeculator
-    from methods.mlp_speculator.to_vllm import main
     from tests.conftest import tiny_overrides
 
     overrides = tiny_overrides(tiny_checkpoint, tmp_path / "run")
@@ -332,7 +332,7 @@ def test_to_vllm_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_path, 
     stages = random_weights(SharedVocabMLPSpeculator(HIDDEN, 2), seed=6, std=0.1)
     save_heads(tmp_path / "ours", {"specbench_method": "mlp_speculator", "n_predict": 2, "scale_input": False,
                                    "top_k_tokens_per_head": [3, 2], "n_candidates": 4}, stages.state_dict(), {})
-    main([str(tmp_path / "ours"), str(tmp_path / "ibm"), *overrides])
+    main(["mlp_speculator", str(tmp_path / "ours"), str(tmp_path / "ibm"), *overrides])
     assert "IBM's accelerator layout" in capsys.readouterr().out
     config = json.loads((tmp_path / "ibm" / "config.json").read_text())
     assert (config["inner_dim"], config["top_k_tokens_per_head"], config["torch_dtype"]) == (HIDDEN + 1, [3, 2],

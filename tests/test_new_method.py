@@ -1,6 +1,7 @@
 """docs/layout.md's "adding a method" is true: a throwaway method added as it says (one folder methods/<name>/ with a
-drafter, one YAML conf/method/<name>.yaml), in a copy of the project and with no other file touched, is in the smoke
-list, is one of the sampling test's cases, runs lossless on SmolLM2 and is in the report's leaderboard."""
+drafter, one YAML conf/method/<name>.yaml, one parity file bench/parity/methods/<name>.py), in a copy of the project
+and with no other file touched, is in the smoke list, is one of the sampling test's cases, is on `python -m
+bench.parity --list`, runs lossless on SmolLM2 and is in the report's leaderboard."""
 from __future__ import annotations
 
 import csv
@@ -49,7 +50,18 @@ drafter:
   _target_: methods.{NAME}.drafter.RepeatDrafter
   length: 2
 '''
-ADDED = {f"methods/{NAME}/__init__.py": "", f"methods/{NAME}/drafter.py": DRAFTER, f"conf/method/{NAME}.yaml": CONFIG}
+PARITY = f'''"""{NAME} beside itself: a throwaway parity file (tests/test_new_method.py)."""
+from bench.parity.protocol import Comparison, counted_outputs, engine_outputs
+
+AGAINST = "its own drafter"
+
+
+def comparisons(setup, work):
+    ours = counted_outputs(setup, engine_outputs(setup, setup.drafter("{NAME}")))
+    return [Comparison("{NAME}", "length=2, both sides ours", ours, ours)]
+'''
+ADDED = {f"methods/{NAME}/__init__.py": "", f"methods/{NAME}/drafter.py": DRAFTER, f"conf/method/{NAME}.yaml": CONFIG,
+         f"bench/parity/methods/{NAME}.py": PARITY}
 
 
 @pytest.fixture
@@ -86,6 +98,15 @@ def test_a_new_method_is_one_folder_and_one_yaml(project):
     assert NAME not in {method for _, method, _ in method_cases(PROJECT_ROOT / "conf")}
 
 
+def test_a_new_method_has_a_parity_file_on_the_parity_list(project):
+    listed = subprocess.run([sys.executable, "-m", "bench.parity", "--list"], cwd=project, check=True,
+                            capture_output=True, text=True).stdout.splitlines()
+    assert f"{NAME:16s} against its own drafter" in listed
+    assert NAME not in subprocess.run([sys.executable, "-m", "bench.parity", "--list"], cwd=PROJECT_ROOT, check=True,
+                                      capture_output=True, text=True).stdout  # the real tree is untouched
+    assert changed_files(project) == set(ADDED)
+
+
 @pytest.mark.real_model
 def test_a_new_method_runs_and_is_on_the_leaderboard(project, tmp_path):
     runs = tmp_path / "runs"
@@ -102,3 +123,15 @@ def test_a_new_method_runs_and_is_on_the_leaderboard(project, tmp_path):
     leaderboard = (tmp_path / "report" / "leaderboard.md").read_text()
     assert f"| {NAME} " in leaderboard and leaderboard in report.stdout
     assert changed_files(project) == set(ADDED)  # the run and the report wrote nothing into the code
+
+
+@pytest.mark.real_model
+def test_a_new_methods_parity_file_runs_through_the_protocol_into_a_record(project, tmp_path):
+    subprocess.run([sys.executable, "-m", "bench.parity", "--methods", NAME, "--questions", "81",
+                    "--max-new-tokens", "16", "--out", str(tmp_path / "parity")], cwd=project, check=True,
+                   capture_output=True, text=True)
+    with (tmp_path / "parity" / "smollm2_135m" / "parity.csv").open() as f:
+        [row] = list(csv.DictReader(f))
+    assert (row["parity_file"], row["method"], row["prompts"], row["tokens_equal"]) == (NAME, NAME, "2", "True")
+    assert float(row["our_mat"]) == float(row["upstream_mat"]) >= 1.0  # both sides ours: the same tokens and steps
+    assert changed_files(project) == set(ADDED)

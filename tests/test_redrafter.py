@@ -260,11 +260,12 @@ def test_committed_redrafter_is_lossless_on_smollm2():
 
 @pytest.mark.parametrize("draft_vocab, layers", [(None, 2), (60, 1)])
 def test_our_drafter_in_upstreams_layout_drafts_the_same_beams(tiny_model, tmp_path, draft_vocab, layers):
-    """methods/redrafter/to_upstream.py: our drafter (random, over the full vocabulary or a 60-token slice) rewritten
-    in upstream's layout loads as an upstream drafter and proposes the same beams with the same log-probabilities."""
+    """methods/redrafter/checkpoints.py's upstream_layout: our drafter (random, over the full vocabulary or a 60-token
+    slice) rewritten in upstream's layout loads as an upstream drafter and proposes the same beams with the same
+    log-probabilities."""
     from methods.heads.common import DraftVocabulary
+    from methods.redrafter.checkpoints import write_upstream_layout
     from methods.redrafter.drafter import warped_log_probs
-    from methods.redrafter.to_upstream import write_upstream_layout
 
     ids = None if draft_vocab is None else torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[
         :draft_vocab].sort().values
@@ -285,11 +286,11 @@ def test_our_drafter_in_upstreams_layout_drafts_the_same_beams(tiny_model, tmp_p
             torch.testing.assert_close(theirs, mine, atol=1e-6, rtol=1e-4)
 
 
-def test_to_upstream_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
+def test_the_convert_command_writes_upstream_layout_of_a_saved_checkpoint(tiny_checkpoint, tmp_path, capsys):
     from bench.config import compose_config
+    from bench.convert import main
     from bench.models import load_model
     from methods.heads.common import save_heads
-    from methods.redrafter.to_upstream import main
     from tests.conftest import tiny_overrides
 
     overrides = tiny_overrides(tiny_checkpoint, tmp_path / "run")
@@ -297,7 +298,7 @@ def test_to_upstream_command_converts_a_saved_checkpoint(tiny_checkpoint, tmp_pa
     heads = random_weights(SharedVocabRecurrentDrafter(HIDDEN, 1), seed=6, std=0.1)
     save_heads(tmp_path / "ours", {"specbench_method": "redrafter", "hidden_size": HIDDEN, "exit_dim": 2 * HIDDEN,
                                    "num_draft_layers": 1, "rnn": True}, heads.state_dict(), {})
-    main([str(tmp_path / "ours"), str(tmp_path / "upstream"), *overrides])
+    main(["redrafter", str(tmp_path / "ours"), str(tmp_path / "upstream"), *overrides])
     assert "apple/ml-recurrent-drafter's Drafter layout" in capsys.readouterr().out
     config = json.loads((tmp_path / "upstream" / "config.json").read_text())
     assert (config["model_type"], config["exit_dim"], config["num_draft_layers"]) == (

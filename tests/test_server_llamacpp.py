@@ -1,4 +1,4 @@
-"""backend=server against a real llama.cpp `llama-server` (built by benchmarks/build_llama_server.sh; skipped when it
+"""backend=server against a real llama.cpp `llama-server` (built by tools/build_llama_server.sh; skipped when it
 is not there): the harness launches it with its n-gram speculation and, for the baseline, without; stops both; and
 records answers in our layout with token ids and acceptance from llama.cpp's own counters (/metrics around each
 request, checked against the response's timings)."""
@@ -17,7 +17,7 @@ BINARY = Path(os.environ.get("SPECBENCH_LLAMA_SERVER", "~/.cache/specbench/bin/l
 
 pytestmark = [pytest.mark.real_model,
               pytest.mark.skipif(not BINARY.exists(), reason=f"no llama-server at {BINARY}: "
-                                                             "bash benchmarks/build_llama_server.sh builds it")]
+                                                             "bash tools/build_llama_server.sh builds it")]
 
 
 def test_llama_server_ngram_speculation_is_recorded_like_our_engine(tmp_path):

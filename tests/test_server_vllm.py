@@ -107,7 +107,7 @@ def test_vllm_dflash_drafts_a_block_from_the_draft_it_is_given(compose):
 
 def test_a_missing_vllm_environment_says_how_to_build_it(compose):
     cfg = compose("backend=server", "server=vllm_cpu_ngram", "server.binary=/nonexistent/python")
-    with pytest.raises(Exception, match="bash benchmarks/build_vllm_cpu.sh"):
+    with pytest.raises(Exception, match="bash tools/build_vllm_cpu.sh"):
         launch_command(cfg, cfg.server.launch)
 
 

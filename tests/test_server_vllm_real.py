@@ -1,4 +1,4 @@
-"""backend=server against the real vLLM CPU build (benchmarks/build_vllm_cpu.sh's side environment; skipped when it is
+"""backend=server against the real vLLM CPU build (tools/build_vllm_cpu.sh's side environment; skipped when it is
 not there): the harness launches vLLM on SmolLM2 with its n-gram speculation and with our committed EAGLE-3 head,
 each beside vLLM without speculation, stops them (no process left), and records exact answers with acceptance from
 vLLM's per-request metrics that agree with its server-wide counters."""
@@ -19,7 +19,7 @@ PYTHON = Path(os.environ.get("SPECBENCH_VLLM_PYTHON", "~/.cache/specbench/vllm-c
 
 pytestmark = [pytest.mark.real_model, pytest.mark.vllm,
               pytest.mark.skipif(not PYTHON.exists(), reason=f"no vLLM environment at {PYTHON}: "
-                                                             "bash benchmarks/build_vllm_cpu.sh builds it")]
+                                                             "bash tools/build_vllm_cpu.sh builds it")]
 
 
 def vllm_processes() -> list[str]:

@@ -1,4 +1,4 @@
-"""Sweeps through SLURM, the parts that need no scheduler: benchmarks/local_slurm.sh's configs, where a job runs and
+"""Sweeps through SLURM, the parts that need no scheduler: tools/local_slurm.sh's configs, where a job runs and
 claims its cores (bench.measure.scheduler), meta.json's scheduler keys, and the one-line refusal of a launcher whose
 plugin is missing."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bench.config import COMMAND_VARIABLE, missing_launcher
 from bench.measure.contention import available_cores
 from bench.measure.scheduler import Placement, claim_scope, job_threads, placement, provenance_facts
 
-SCRIPT = PROJECT_ROOT / "benchmarks" / "local_slurm.sh"
+SCRIPT = PROJECT_ROOT / "tools" / "local_slurm.sh"
 SLURM_ARRAY_JOB = {"SLURM_JOB_ID": "17", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "5",
                    "SLURMD_NODENAME": "node7", "SLURM_CPUS_PER_TASK": "3"}
 

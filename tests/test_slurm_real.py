@@ -1,4 +1,4 @@
-"""Sweeps through the one-node SLURM cluster of benchmarks/local_slurm.sh (skipped, in one line, when it is not up):
+"""Sweeps through the one-node SLURM cluster of tools/local_slurm.sh (skipped, in one line, when it is not up):
 a two-job sweep of the tiny model, each job with its own run folder, SLURM job id and a line in sacct; then a job
 pre-empted mid-run (SIGUSR2, as SLURM signals before pre-emption) that submitit requeues and that resumes its
 answers.jsonl with every question exactly once."""
@@ -29,10 +29,10 @@ def why_no_cluster() -> str | None:
     if plugin is None:
         return 'no hydra-submitit-launcher: pip install -e ".[sweeps]"'
     if shutil.which("sinfo") is None:
-        return "no SLURM here: bash benchmarks/local_slurm.sh start installs and starts a one-node cluster"
+        return "no SLURM here: bash tools/local_slurm.sh start installs and starts a one-node cluster"
     nodes = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
     if nodes.returncode != 0 or not {"idle", "mixed", "allocated"} & set(nodes.stdout.split()):
-        return "no SLURM node up: bash benchmarks/local_slurm.sh start"
+        return "no SLURM node up: bash tools/local_slurm.sh start"
     return None
 
 

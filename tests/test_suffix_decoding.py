@@ -1,7 +1,8 @@
 """SuffixDecoding (methods/suffix_decoding.py) and its frequency tree (methods/suffix_trie.py): counts against brute
 force, upstream's choice of draft and its tie order by hand, the global tree learning across turns, bounded and put
 back, and lossless decoding (greedy, sampled, batched, sizing=auto). Draft for draft equality with arctic-inference's
-own tree is benchmarks/vs_upstream.py's `suffix` row (it needs arctic-inference's compiled tree)."""
+own tree is bench/parity/methods/suffix.py's rows (`python -m bench.parity --methods suffix`: it needs
+arctic-inference's compiled tree)."""
 from __future__ import annotations
 
 import random
@@ -196,10 +197,10 @@ def test_the_repeated_prompts_task_asks_each_format_every_fourth_request():
     assert len(set(formats)) == 4 and formats[:4] == formats[4:8] == formats[36:]
 
 
-# --- benchmarks/vs_upstream.py's suffix rows: the loop both sides run, without a model -------------------------
+# --- the suffix parity rows: the loop both sides run, without a model ---------------------------------------
 
 def test_the_simulated_steps_accept_the_longest_drafted_path_the_answer_follows():
-    from benchmarks.arctic_driver import accepted_length, simulate
+    from bench.parity.sides.arctic_driver import accepted_length, simulate
 
     assert accepted_length([5, 6, 7, 8], [-1, -1, 1, 2], [6, 7, 9]) == 2  # the second branch, two deep
     assert accepted_length([5, 6], [-1, 0], [4]) == 0
@@ -210,7 +211,7 @@ def test_the_simulated_steps_accept_the_longest_drafted_path_the_answer_follows(
 
 
 def test_draft_agreement_names_the_first_difference():
-    from benchmarks.vs_upstream import draft_agreement
+    from bench.parity.methods.suffix import draft_agreement
 
     same = [[[[1], [-1]], [[2, 3], [-1, 0]]]]
     assert draft_agreement(same, same) == "2 of 2 steps"

@@ -1,38 +1,24 @@
-"""The command shape of the converters that rewrite a trained head of this project in a published layout."""
+"""How a method rewrites a trained head of this project in a published layout (`python -m bench.convert <method>`):
+its checkpoints module declares a CONVERTER."""
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
+@dataclass(frozen=True)
+class Converter:
+    """`load(folder, target)` -> (module, vocabulary, fingerprint) reads one of our checkpoints, which must hold an
+    `ours`; `write(module, vocabulary, out folder)` writes it in the published layout named `layout`."""
 
-def converter_parser(doc: str) -> argparse.ArgumentParser:
-    """The command line of a converter whose module docstring `doc` gives its summary (first paragraph) and its
-    command (second paragraph: `python -m <module> <our checkpoint folder> <out folder> [model=...]`)."""
-    summary, command, *rest = doc.split("\n\n")
-    command = command.strip()
-    parser = argparse.ArgumentParser(prog=" ".join(command.split()[:3]), usage=command, description=summary.rstrip(":"),
-                                     epilog="\n\n".join(rest), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="our checkpoint folder (bench.train's artifact)")
-    parser.add_argument("out", type=Path, help="the folder to write, in the published layout")
-    parser.add_argument("overrides", nargs="*", help="overrides of conf/config.yaml naming the target (model=...)")
-    return parser
+    layout: str
+    load: Callable
+    ours: type
+    write: Callable
 
-
-def convert_checkpoint(argv: list[str] | None, doc: str, load: Callable, ours: type, write: Callable,
-                       layout: str) -> None:
-    """The command of converter_parser(doc): the target of the overrides' model loaded, our checkpoint loaded by
-    `load(folder, target)` -> (module, vocabulary, fingerprint), refused unless it is an `ours`, and written by
-    `write(module, vocabulary, out folder)`."""
-    from bench.config import compose_config
-    from bench.models import load_model
-
-    args = converter_parser(doc).parse_args(argv)
-    target, _ = load_model(compose_config(*args.overrides).model, torch.device("cpu"))
-    module, vocab, _ = load(str(args.checkpoint), target)
-    if not isinstance(module, ours):
-        raise SystemExit(f"{args.checkpoint} is already in a published layout")
-    write(module, vocab, args.out)
-    print(f"wrote {args.out} ({layout})")
+    def convert(self, checkpoint: Path, target, out: Path) -> None:
+        module, vocab, _ = self.load(str(checkpoint), target)
+        if not isinstance(module, self.ours):
+            raise SystemExit(f"{checkpoint} is already in a published layout")
+        self.write(module, vocab, out)
