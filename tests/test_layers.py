@@ -160,7 +160,8 @@ def test_the_engine_needs_nothing_above_it():
 
 
 @pytest.mark.parametrize("module", ["bench.report.render", "bench.report.regress", "bench.report.runs",
-                                    "bench.report.tables", "bench.report.plots"])
+                                    "bench.report.tables", "bench.report.plots", "bench.report.reference",
+                                    "bench.report.docs_blocks"])
 def test_reports_import_without_torch(module):
     code = f"import sys; sys.modules['torch'] = None; import {module}"
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True)

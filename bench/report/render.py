@@ -64,6 +64,7 @@ from bench.report.tables import (
     cost_table,
     coverage_notes,
     formatted,
+    leaderboard_markdown,
     markdown,
     profiles_of,
     rank_note,
@@ -277,7 +278,7 @@ def setting_section(context: Context, group: pd.DataFrame, group_runs: pd.DataFr
             + "<h3>Tokens per decode step by context length</h3>" + html_table(by_context, context.links)
             + "<h3>Tokens per decode step by position in the answer</h3>" + html_table(by_position, context.links))
     return {"md": [f"## {title}", "", header, "", *([note, ""] if note else []),
-                   markdown(shown) + "".join(f"\n\n{line}" for line in notes) + warning, "",
+                   leaderboard_markdown(group), "",
                    "### Where the time goes", "", markdown(costs), ""],
             "acceptance_md": [f"## {title}", "", markdown(shown_acc), "", *([rank, ""] if rank else []),
                               "### Tokens per decode step by context length", "", markdown(by_context), "",

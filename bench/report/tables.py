@@ -383,6 +383,14 @@ def coverage_notes(table: pd.DataFrame) -> list[str]:
                     for r in table.to_dict("records") if r["_partial"]]
 
 
+def leaderboard_markdown(board: pd.DataFrame) -> str:
+    """One setting's Spec-Bench table as leaderboard.md and the docs' generated blocks show it: the formatted wide
+    table, the lines on what its Overall covers, the warnings (diverged, starved)."""
+    table = wide_table(board)
+    return (markdown(formatted(table)) + "".join(f"\n\n{line}" for line in coverage_notes(table))
+            + table_warnings(board))
+
+
 def table_warnings(board: pd.DataFrame) -> str:
     """Markdown paragraphs under one setting's table: methods that differ from their baseline, methods
     timed starved."""
