@@ -80,7 +80,8 @@ def docs(files: list[Path], reference: Path, check: bool) -> None:
         print(line)
     if problems:
         sys.exit(1)
-    print(f"{len(files)} files {'checked' if check else 'rendered'}: no generated table differs from its record",
+    waiting = f"; {len(notes)} wait for their record" if notes else ""
+    print(f"{len(files)} files {'checked' if check else 'rendered'}: no block differs from its record{waiting}",
           file=sys.stderr)
 
 

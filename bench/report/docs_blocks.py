@@ -131,8 +131,9 @@ def caption(folder: Path, meta: dict, board: pd.DataFrame) -> str:
 
 def how_to_make(experiment: str) -> str:
     """The commands that make an experiment's record (its runs go to results/runs/<experiment>/)."""
-    return (f"run `python -m bench +experiment={experiment} -m` on a quiet machine, then "
-            f"`python -m bench.report results/runs/{experiment} --record {experiment}` and `{FIX}`")
+    return (f"run `python -m bench +experiment={experiment} -m` on a quiet machine (conf/experiment/{experiment}.yaml "
+            f"lists every command), then `python -m bench.report results/runs/{experiment} --record {experiment}` and "
+            f"`{FIX}`")
 
 
 def placeholder(attributes: dict[str, str]) -> str:
