@@ -22,6 +22,8 @@ from bench.report.tables import leaderboard
 
 REFERENCE_DIR = PROJECT_ROOT / "results" / "reference"
 BOARD_FILE = "leaderboard.csv"
+TEXT_COLUMNS = [*SETTING_COLUMNS[:3], "device_name", "source", "method", "task", "diverged_questions", "torch",
+                "transformers", "finished", "runs"]  # read back as text, not as numbers (a diverged question's id)
 META_FILE = "meta.json"  # the record's, not a run's: a record folder holds no answers.jsonl, so it is never a run
 
 
@@ -85,7 +87,7 @@ def write_record(results_dir: Path, experiment: str, reference_dir: Path, comman
 def read_record(folder: Path) -> tuple[list[pd.DataFrame], dict]:
     """A record's leaderboard, one DataFrame per setting (model, device, dtype, ...), in the order written, and its
     meta.json."""
-    board = pd.read_csv(folder / BOARD_FILE)
+    board = pd.read_csv(folder / BOARD_FILE, dtype=dict.fromkeys(TEXT_COLUMNS, str))
     board = board[board.source == "specbench"] if "source" in board else board
     settings = [group for _, group in board.groupby(SETTING_COLUMNS, sort=False, dropna=False)]
     return settings, json.loads((folder / META_FILE).read_text())
