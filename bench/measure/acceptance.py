@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.errors import ConfigError
+from bench.planning.costmodel import turn_contexts  # at context 0: tokens decoded before each step
 
 ACCEPTANCE_FILE = "acceptance.jsonl"  # a run folder's per-request records
 AIPERF_FIELDS = ("engine", "mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
@@ -78,7 +79,7 @@ def request_record(steps: TurnSteps, method: str, engine: str) -> dict:
               "completion_tokens": steps.new_tokens, "num_decode_steps": steps.decode_steps}
     if steps.lengths is not None and steps.drafted is not None:
         spec = [(length - 1, drafted, position) for length, drafted, position in
-                zip(steps.lengths, steps.drafted, _positions(steps.lengths)) if drafted]
+                zip(steps.lengths, steps.drafted, turn_contexts(0, steps.lengths)) if drafted]
         accepted = [a for a, _, _ in spec]
         drafted = [d for _, d, _ in spec]
         record.update(per_step_accepted=accepted, per_step_drafted=drafted,
@@ -94,15 +95,6 @@ def request_record(steps: TurnSteps, method: str, engine: str) -> dict:
     total_drafted = sum(drafted) if drafted is not None else steps.drafted_total
     return {**record, **_totals(sum(accepted), total_drafted, dict(sorted(Counter(accepted).items())),
                                  len(accepted), fixed_k(drafted))}
-
-
-def _positions(lengths: list[int]) -> list[int]:
-    """Tokens decoded after the prefill's before each step."""
-    out, done = [], 0
-    for length in lengths:
-        out.append(done)
-        done += length
-    return out
 
 
 def _totals(accepted: int | None, drafted: int | None, histogram: dict | None, spec_steps: int | None,
@@ -236,7 +228,7 @@ def step_table(records: list[dict]) -> list[dict]:
     for t in (t for r in records for t in turn_steps(r)):
         if t.lengths is None or t.drafted is None or t.prompt_tokens is None:
             continue
-        for length, drafted, position in zip(t.lengths, t.drafted, _positions(t.lengths)):
+        for length, drafted, position in zip(t.lengths, t.drafted, turn_contexts(0, t.lengths)):
             rows.append({"context": t.prompt_tokens + position, "position": position, "drafted": drafted,
                          "accepted": length - 1})
     return rows

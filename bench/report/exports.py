@@ -18,13 +18,12 @@ def aiperf_lines(records: list[dict], method: str, engine: str) -> list[dict]:
     """One MetricRecordInfo-shaped line per turn of `records`: metadata, metrics (tokens, ms) and the acceptance."""
     requests = request_records(records, method, engine)
     records_by_id = {r["question_id"]: r for r in records}
-    turns = {(r["question_id"], t): (r["choices"][0], t) for r in records
-             for t in range(len(r["choices"][0]["new_tokens"]))}
     lines = []
     for number, request in enumerate(requests):
-        choice, turn = turns[request["question_id"], request["turn"]]
+        record, turn = records_by_id[request["question_id"]], request["turn"]
+        choice = record["choices"][0]
         exported, _ = aiperf_export([request])
-        start, end = request_times(records_by_id[request["question_id"]], turn)
+        start, end = request_times(record, turn)
         lines.append({
             "metadata": {"session_num": number, "x_request_id": request["request_id"],
                          "conversation_id": str(request["question_id"]), "turn_index": turn,
