@@ -241,3 +241,24 @@ def test_precompiled_graphs_serve_every_step_without_compiling_again(tiny_model,
     out = engine.generate(prompt, StopCondition(30))
     assert any(n > 1 for n in out.verified_tokens)  # drafts were verified, in more than one bucket's graph
     assert counters["stats"]["unique_graphs"] == made
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_filled_attention_equals_attention_over_the_masked_buffer(queries):
+    """filled_sdpa over the first StepSpan.positions of a cache buffer equals SDPA over the whole buffer with the
+    positions past the span masked out (one query: no mask at all), grouped-query heads included."""
+    from bench.engine.target import StepSpan, filled_sdpa
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 6, queries, 8, generator=generator, dtype=torch.float64)
+    key, value = (torch.randn(1, 2, 32, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    span = 11
+    mask = torch.zeros(1, 1, queries, 32, dtype=torch.float64)
+    mask[..., span:] = torch.finfo(torch.float64).min
+    mask[0, 0, :, span - queries:span] += torch.triu(torch.full((queries, queries), -1e300, dtype=torch.float64), 1)
+    StepSpan.positions = span
+    got = filled_sdpa(query, key, value, mask, 0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3,
+                                                            enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got, want)
+    assert got.shape == (1, queries, 6, 8)

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", default="all")
     parser.add_argument("--limit", type=int, default=5, help="questions per task")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--compile", choices=("on", "off"), default="on",
+                        help="our engine's engine.compile (on: compiled forwards, as vLLM runs its model)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="per-position acceptance gap that is flagged")
     parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "cross_engine")
@@ -74,7 +76,8 @@ def bench_command(args: argparse.Namespace, head: str, engine: str) -> list[str]
     published = dflash_published(args.model) if head == "dflash" else None
     filled = (o.format(k=args.k, k_plus_1=args.k + 1, k_minus_1=args.k - 1, dflash_published=published)
               for o in overrides)
-    return [sys.executable, "-m", "bench", *filled, f"model={args.model}",
+    ours = [f"engine.compile={args.compile}"] if engine == "ours" else []
+    return [sys.executable, "-m", "bench", *filled, *ours, f"model={args.model}",
             f"task={args.task}", f"task.limit={args.limit}", f"gen.max_new_tokens={args.max_new_tokens}",
             "gen.temperature=0", f"out_dir={run_dir(args, head, engine)}"]
 
