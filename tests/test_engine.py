@@ -8,8 +8,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, MambaConfig, RwkvCo
 from bench.engine.drafter import Drafter
 from bench.engine.kvcache import UnsupportedModelError
 from bench.engine.loop import SpeculativeEngine, StopCondition
+from bench.engine.target import CompiledTarget, EagerTarget
 from bench.engine.tree import DraftTree
-from tests.conftest import VOCAB, generate_tokens, tiny_config, vanilla_tokens
+from tests.conftest import VOCAB, generate_tokens, make_tiny_model, tiny_config, vanilla_tokens
 
 
 class ScriptedDrafter(Drafter):
@@ -262,3 +263,20 @@ def test_filled_attention_equals_attention_over_the_masked_buffer(queries):
                                                             enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, want)
     assert got.shape == (1, queries, 6, 8)
+
+
+def test_compiled_graphs_serve_each_target_its_own_weights_and_cache(prompts):
+    """Graphs of 4 and more inputs have the weights frozen into them: a second model (the same class, other weights)
+    and a second target on the first model (its own cache) each get logits equal to eager's, never another's."""
+    tree = DraftTree([5, 6, 7], [-1, 0, 1])  # 4 inputs with the root: a frozen graph
+    first = make_tiny_model(seed=0)
+    for model in (first, make_tiny_model(seed=1), first):
+        compiled, eager = CompiledTarget(model, (), {}), EagerTarget(model, (), {})
+        with torch.inference_mode():
+            for target in (compiled, eager):
+                target.prefill(prompts[0], 8)
+            for root in (3, 9):
+                got, want = compiled.verify(root, tree)[0], eager.verify(root, tree)[0]
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+                compiled.keep([0, 1])
+                eager.keep([0, 1])

@@ -6,10 +6,11 @@ cut back to the accepted path. Two ways, the same tokens:
 - `CompiledTarget` (`engine.compile=on`): gpt-fast's recipe generalised to trees. The cache is preallocated for the
   turn (transformers' StaticCache); each verification forward is padded to a bucket of 1, 2, 4, ... 128 inputs
   (dummy nodes that nothing attends to, attending only to themselves) and runs a graph `torch.compile` made for that
-  bucket, with the step's additive mask written into a buffer of its own. Attention reads only the filled part of
-  the cache (`filled_sdpa`, outside the graph, so one graph serves every length). The accepted rows are copied into
-  place and the cache's length set back, with no crop. Full-attention models only (a windowed layer falls back to
-  eager, said in one line).
+  bucket, with the step's additive mask written into a buffer of its own (from PACKED_FROM inputs on, over weights
+  frozen into the graph). Attention reads only the filled
+  part of the cache (`filled_sdpa`, outside the graph, so one graph serves every length). The accepted rows are
+  copied into place and the cache's length set back, with no crop. Full-attention models only (a windowed layer
+  falls back to eager, said in one line).
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ from bench.engine.tree import DraftTree
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # inputs of a compiled verification forward
 ATTENTION = "specbench_sdpa"  # the compiled engine's attention (compiled_sdpa), registered with transformers
+# From this many inputs a graph is made with the weights frozen into it (inductor's freezing: on CPU in float32 MKL's
+# GEMM over weights packed once for the graph's size, one more copy of them per such graph). MKL otherwise packs them
+# at every small GEMM: SmolLM2's float32 step of 4 and 8 inputs took 45 and 50 ms frozen, 56 and 64 ms not; of 1
+# and 2 inputs, unpacked weights are faster (measured alone on 2 Xeon cores, logs in issue 56's closing note).
+PACKED_FROM = 4
 CAPACITY_STEP = 256  # cache positions of a turn, rounded up to a multiple of this (a new capacity: new graphs)
 
 
@@ -169,7 +175,13 @@ class CompiledTarget(EagerTarget):
         self.reserve(len(prompt_ids) + max_new_tokens)
         self.cache.reset()
         self.length = len(prompt_ids)
-        return self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+        out = self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
+        # the cache is an input of every graph: transformers marks its tensors as static addresses, which a frozen
+        # graph keeps as its own (another target's graph of that size then read and wrote the first one's cache)
+        for layer in self.cache.layers:
+            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                tensor.__dict__.pop("_dynamo_static_input_type", None)
+        return out
 
     @torch.inference_mode()  # as the engine's generate runs: grad mode is one of the graphs' guards
     def precompile(self, prompt_ids: list[int], largest: int = BUCKETS[-1]) -> None:
@@ -212,7 +224,9 @@ class CompiledTarget(EagerTarget):
         if local is not None:
             block[:size, :size].masked_fill_(local, 0)
         StepSpan.positions = past + bucket
-        logits, hidden = self.forward(input_ids, positions, mask)
+        # dynamo reads the flag from the global config while it traces, not from torch.compile's options
+        with torch._inductor.config.patch(freezing=bucket >= PACKED_FROM):
+            logits, hidden = self.forward(input_ids, positions, mask)
         return logits[0, :size], None if hidden is None else hidden[0, :size]
 
     def keep(self, rows: list[int]) -> None:
