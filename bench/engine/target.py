@@ -7,10 +7,9 @@ cut back to the accepted path. Two ways, the same tokens:
   turn (transformers' StaticCache); each verification forward is padded to a bucket of 1, 2, 4, ... 128 inputs
   (dummy nodes that nothing attends to, attending only to themselves) and runs a graph `torch.compile` made for that
   bucket, with the step's additive mask written into a buffer of its own (from PACKED_FROM inputs on, over weights
-  frozen into the graph). Attention reads only the filled
-  part of the cache (`filled_sdpa`, outside the graph, so one graph serves every length). The accepted rows are
-  copied into place and the cache's length set back, with no crop. Full-attention models only (a windowed layer
-  falls back to eager, said in one line).
+  frozen into the graph). Attention reads only the filled part of the cache (`filled_sdpa`, outside the graph, so
+  one graph serves every length). The accepted rows are copied into place and the cache's length set back, with no
+  crop. Full-attention models only (a windowed layer falls back to eager, said in one line).
 """
 from __future__ import annotations
 
