@@ -83,6 +83,14 @@ class SamdDrafter(Drafter):
         if self.learns_across_prompts:
             self.fallback.restore_learned_state(state)
 
+    def reserve(self, positions: int) -> None:
+        if self.fallback is not None:
+            self.fallback.reserve(positions)
+
+    def precompile(self) -> None:
+        if self.fallback is not None:
+            self.fallback.precompile()
+
     def start(self, prompt_ids: list[int], hidden=None) -> None:
         """A new turn; `hidden` (the prompt's target features) is given when the fallback declares feature_layers."""
         self.automaton = SuffixAutomaton()

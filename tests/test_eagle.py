@@ -142,9 +142,7 @@ class FirstNodesChecked:
         return self.draft_tree(root_feature)
 
     def drop_tree_rows(self):
-        surplus = self.cache.get_seq_length() - self.context_len
-        if surplus:
-            self.cache.crop(-surplus)
+        self.network.cut_to(self.context_len)
 
 
 @pytest.mark.parametrize("head_kind", ["eagle", "eagle3"])
@@ -197,14 +195,14 @@ def test_head_cache_equals_a_fresh_prefill_of_the_accepted_context(tiny_model, p
     head = random_head(tiny_model, 3)
     drafter = Eagle2Drafter(tiny_model, head=head, total_token=10, depth=4, top_k=3)
     out = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(25))
-    held = drafter.cache.get_seq_length()
+    held = drafter.network.length
     context = prompt + out.tokens
     assert held == drafter.context_len and len(prompt) - 1 <= held < len(context) - 1
     with torch.inference_mode():
         features = tiny_model(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states[-1]
         fresh = DynamicCache(config=head.body.config)
         head(tiny_model.get_input_embeddings()(torch.tensor([context[1 : held + 1]])), features[:, :held], cache=fresh)
-    for got, want in zip(drafter.cache.layers, fresh.layers):
+    for got, want in zip(drafter.network.cache.layers, fresh.layers):
         torch.testing.assert_close(got.keys, want.keys)
         torch.testing.assert_close(got.values, want.values)
 

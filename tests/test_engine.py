@@ -248,7 +248,7 @@ def test_precompiled_graphs_serve_every_step_without_compiling_again(tiny_model,
 def test_filled_attention_equals_attention_over_the_masked_buffer(queries):
     """filled_sdpa over the first StepSpan.positions of a cache buffer equals SDPA over the whole buffer with the
     positions past the span masked out (one query: no mask at all), grouped-query heads included."""
-    from bench.engine.target import StepSpan, filled_sdpa
+    from bench.engine.compiled import StepSpan, filled_sdpa
 
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(1, 6, queries, 8, generator=generator, dtype=torch.float64)

@@ -71,7 +71,7 @@ def test_one_forward_drafts_k_tokens_and_the_cache_keeps_real_tokens_only(tiny_m
         n = len(tree)
         ids = torch.tensor([context + [MASK] * (n - 1)])
         expected = drafter.draft(input_ids=ids).logits[0, -n:].argmax(-1).tolist()
-        calls.append((tree.tokens == expected, drafter.cache.get_seq_length() == len(context)))
+        calls.append((tree.tokens == expected, drafter.network.length == len(context)))
         return tree
 
     drafter.propose = checked

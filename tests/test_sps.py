@@ -63,12 +63,12 @@ def test_draft_cache_holds_exactly_the_accepted_context(tiny_model, prompts, dra
     for draft in drafts.values():
         drafter = DraftModelDrafter(tiny_model, draft_model=draft, num_draft_tokens=4, adaptive=True)
         tokens = SpeculativeEngine(tiny_model, drafter).generate(prompt, StopCondition(25)).tokens
-        held = drafter.cache.get_seq_length()
+        held = drafter.network.length
         assert len(prompt) + len(tokens) - 6 <= held <= len(prompt) + len(tokens) - 1
         fresh = DynamicCache(config=draft.config)
         with torch.no_grad():
             draft(input_ids=torch.tensor([(prompt + tokens)[:held]]), cache=fresh)
-        for got, want in zip(drafter.cache.layers, fresh.layers):
+        for got, want in zip(drafter.network.cache.layers, fresh.layers):
             torch.testing.assert_close(got.keys, want.keys)
             torch.testing.assert_close(got.values, want.values)
 

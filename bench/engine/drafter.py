@@ -49,6 +49,10 @@ class Drafter:
     - `partial_drafts`: its `propose_first` drafts only the nodes asked for, so a cut tree costs less to draft than
       the whole one (EAGLE-2's levels, SpS's chain); method.sizing=auto then prices drafting per size
       (bench/planning/policy.py).
+
+    Under engine.compile=on the engine calls `reserve` before each turn (and the harness `precompile` once, before
+    timing): a drafter that runs a network then runs it compiled, as the target is
+    (bench/engine/drafter_network.py's StaticForward).
     """
 
     feature_layers: tuple[int, ...] = ()
@@ -64,6 +68,12 @@ class Drafter:
 
     def restore_learned_state(self, state) -> None:
         """Put back what learned_state() returned."""
+
+    def reserve(self, positions: int) -> None:
+        """engine.compile=on: the turn about to start reaches at most `positions` positions (prompt and new tokens)."""
+
+    def precompile(self) -> None:
+        """engine.compile=on, after a reserve and before timing: make the graphs the drafter's steps run."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new turn begins after `prompt_ids` (with `hidden=` and `seed=` as declared above)."""

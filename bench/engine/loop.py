@@ -133,6 +133,8 @@ class SpeculativeEngine:
         logits, hidden = self.target.prefill(prompt_ids, stop.max_new_tokens)
         root = pick_token(logits[-1], self.sampling, generator)
         out, context, done = open_turn(prompt_ids, root, stop)
+        if self.target.compiled:
+            self.drafter.reserve(len(prompt_ids) + stop.max_new_tokens)
         start_drafter(self.drafter, prompt_ids, hidden, drafter_seed(seed))
         timer.lap("prefill")
         while not done:

@@ -3,34 +3,29 @@ cut back to the accepted path. Two ways, the same tokens:
 
 - `EagerTarget`: transformers' forward over a DynamicCache (every layer keeps every position; the cache grows and is
   cropped each step). Any model the engine supports.
-- `CompiledTarget` (`engine.compile=on`): gpt-fast's recipe generalised to trees. The cache is preallocated for the
-  turn (transformers' StaticCache); each verification forward is padded to a bucket of 1, 2, 4, ... 128 inputs
-  (dummy nodes that nothing attends to, attending only to themselves) and runs a graph `torch.compile` made for that
-  bucket, with the step's additive mask written into a buffer of its own (from PACKED_FROM inputs on, over weights
-  frozen into the graph). Attention reads only the filled part of the cache (`filled_sdpa`, outside the graph, so
-  one graph serves every length). The accepted rows are copied into place and the cache's length set back, with no
-  crop. Full-attention models only (a windowed layer falls back to eager, said in one line).
+- `CompiledTarget` (`engine.compile=on`): the cache preallocated for the turn (transformers' StaticCache), each
+  verification forward padded to a bucket and run by its compiled graph (bench/engine/compiled.py's recipe). The
+  accepted rows are copied into place and the cache's length set back, with no crop. Full-attention models only (a
+  windowed layer falls back to eager, said in one line).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-from transformers import AttentionInterface, StaticCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import StaticCache
 
+from bench.engine.compiled import (
+    BUCKETS,
+    bucket_of,
+    call_compiled,
+    capacity_for,
+    compile_step,
+    unmark_static,
+    use_compiled_sdpa,
+)
 from bench.engine.kvcache import host_to_device, keep_accepted_kv, new_cache, tree_attention_mask
 from bench.engine.tree import DraftTree
-
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # inputs of a compiled verification forward
-ATTENTION = "specbench_sdpa"  # the compiled engine's attention (compiled_sdpa), registered with transformers
-# From this many inputs a graph is made with the weights frozen into it (inductor's freezing: on CPU in float32 MKL's
-# GEMM over weights packed once for the graph's size, one more copy of them per such graph). MKL otherwise packs them
-# at every small GEMM: SmolLM2's float32 step of 4 and 8 inputs took 45 and 50 ms frozen, 56 and 64 ms not; of 1
-# and 2 inputs, unpacked weights are faster (measured alone on 2 Xeon cores, logs in issue 56's closing note).
-PACKED_FROM = 4
-CAPACITY_STEP = 256  # cache positions of a turn, rounded up to a multiple of this (a new capacity: new graphs)
 
 
 def features_of(out, feature_layers: tuple[int, ...]) -> torch.Tensor | None:
@@ -79,61 +74,6 @@ class EagerTarget:
         self.length += len(rows)
 
 
-def bucket_of(size: int) -> int:
-    for bucket in BUCKETS:
-        if size <= bucket:
-            return bucket
-    raise ValueError(f"a verification forward of {size} inputs: the compiled engine verifies at most {BUCKETS[-1]}")
-
-
-class StepSpan:
-    """How many cache positions the running compiled step attends to: the past and the step's padded inputs. Set by
-    CompiledTarget before each step and read by `filled_sdpa` when it runs (as vLLM's attention reads its forward
-    context), so one graph serves every length."""
-
-    positions = 0
-
-
-@torch.library.custom_op("specbench::filled_sdpa", mutates_args=())
-def filled_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                scale: float) -> torch.Tensor:
-    """SDPA of `query` [B, H, q, D] over the first StepSpan.positions of the cache's `key` and `value`
-    [B, Hkv, capacity, D] (grouped-query attention inside SDPA) under `mask` [B, 1, q, capacity] cut to the same
-    span (none for one query: it sees the whole span); out [B, q, H, D]. Opaque to the compiler."""
-    span = StepSpan.positions
-    attn_mask = None if query.shape[2] == 1 else mask[..., :span]
-    out = torch.nn.functional.scaled_dot_product_attention(query, key[:, :, :span], value[:, :, :span],
-                                                           attn_mask=attn_mask, scale=scale, enable_gqa=True)
-    return out.transpose(1, 2).contiguous()
-
-
-@filled_sdpa.register_fake
-def _(query, key, value, mask, scale):
-    batch, heads, length, dim = query.shape
-    return query.new_empty(batch, length, heads, dim)
-
-
-def compiled_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                  **kwargs):
-    """transformers' SDPA attention, except in a compiled step: there `filled_sdpa` attends to the filled part of the
-    cache only, with grouped-query attention inside SDPA. (Over the whole buffer a step cost 4 of 33 ms at 768
-    positions; and transformers repeats the cached keys and values once per query head whenever a mask is passed,
-    which copied the whole cache in every layer and step: 8 of 45 ms.)"""
-    if not torch.compiler.is_compiling():
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return filled_sdpa(query, key, value, attention_mask, scale), None
-
-
-def use_compiled_sdpa(model) -> None:
-    """Route an SDPA model's attention through compiled_sdpa (the same as SDPA outside compiled steps)."""
-    if model.config._attn_implementation in ("sdpa", ATTENTION):
-        AttentionInterface.register(ATTENTION, compiled_sdpa)
-        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-        model.config._attn_implementation = ATTENTION
-
-
 class CompiledTarget(EagerTarget):
     """Verification forwards compiled per bucket over a preallocated cache (the prefill runs eager over it)."""
 
@@ -146,12 +86,7 @@ class CompiledTarget(EagerTarget):
         self.positions: dict[int, torch.Tensor] = {}  # bucket -> [1, bucket]
         self.inputs: dict[int, torch.Tensor] = {}  # bucket -> [1, bucket]
         use_compiled_sdpa(model)
-        # the weights do not change during a run: no guard checks each built-in layer before every step (measured: 2
-        # to 6 ms a step); the model's own classes keep theirs, so a graph is never reused for another model
-        skip = torch.compiler.skip_guard_on_inbuilt_nn_modules_unsafe
-        self.forward = torch.compile(self._step, dynamic=False, options={"guard_filter_fn": skip})
-        dynamo = torch._dynamo.config  # a graph per bucket and target (guarded on the target): never fall back to eager
-        dynamo.recompile_limit = dynamo.accumulated_recompile_limit = max(dynamo.recompile_limit, 4096)
+        self.forward = compile_step(self._step)
 
     def _step(self, input_ids, position_ids, attention_mask):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
@@ -159,14 +94,13 @@ class CompiledTarget(EagerTarget):
         return out.logits, features_of(out, self.feature_layers)
 
     def reserve(self, positions: int) -> None:
-        """A cache of at least `positions` (and the bucket's slack), rounded up to CAPACITY_STEP; a new size means
-        new graphs, so a run reserves its longest turn once, before precompile."""
-        needed = positions + BUCKETS[-1]
-        if needed > self.capacity or self.cache is None:
+        """A cache of at least `positions` (and the bucket's slack); a new size means new graphs, so a run reserves
+        its longest turn once, before precompile."""
+        if positions + BUCKETS[-1] > self.capacity or self.cache is None:
             if self.capacity:
                 print(f"note: engine.compile=on: a turn of {positions} positions outgrew the cache; its graphs are "
                       f"made again", file=sys.stderr)
-            self.capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+            self.capacity = capacity_for(positions)
             self.cache = StaticCache(self.model.config, max_cache_len=self.capacity)
             self.masks.clear()
 
@@ -175,11 +109,7 @@ class CompiledTarget(EagerTarget):
         self.cache.reset()
         self.length = len(prompt_ids)
         out = self._run(input_ids=torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
-        # the cache is an input of every graph: transformers marks its tensors as static addresses, which a frozen
-        # graph keeps as its own (another target's graph of that size then read and wrote the first one's cache)
-        for layer in self.cache.layers:
-            for tensor in (layer.keys, layer.values, layer.cumulative_length):
-                tensor.__dict__.pop("_dynamo_static_input_type", None)
+        unmark_static(self.cache)  # made during the prefill
         return out
 
     @torch.inference_mode()  # as the engine's generate runs: grad mode is one of the graphs' guards
@@ -222,10 +152,7 @@ class CompiledTarget(EagerTarget):
         block.fill_diagonal_(0)  # every input sees itself (dummies only themselves)
         if local is not None:
             block[:size, :size].masked_fill_(local, 0)
-        StepSpan.positions = past + bucket
-        # dynamo reads the flag from the global config while it traces, not from torch.compile's options
-        with torch._inductor.config.patch(freezing=bucket >= PACKED_FROM):
-            logits, hidden = self.forward(input_ids, positions, mask)
+        logits, hidden = call_compiled(self.forward, bucket, past + bucket, input_ids, positions, mask)
         return logits[0, :size], None if hidden is None else hidden[0, :size]
 
     def keep(self, rows: list[int]) -> None:

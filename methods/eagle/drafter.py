@@ -2,15 +2,18 @@
 
 The head keeps its own KV cache over (token, feature) pairs: after each verification it consumes the target's
 features at the accepted rows, so its cache always holds the accepted context; the tree's rows are dropped again
-after drafting. What tree it drafts from the root's predicted feature is the subclass's: EAGLE-1's static one
-(methods/eagle/static.py) or EAGLE-2's dynamic one (methods/eagle/dynamic.py).
+after drafting. The head runs eager over a DynamicCache, or under engine.compile=on compiled over a preallocated
+cache (bench/engine/drafter_network.py), the same calls either way. What tree it drafts from the root's predicted
+feature is the subclass's: EAGLE-1's static one (methods/eagle/static.py) or EAGLE-2's dynamic one
+(methods/eagle/dynamic.py).
 """
 from __future__ import annotations
 
 import torch
 
+from bench.engine.compiled import BUCKETS
 from bench.engine.drafter import Drafter
-from bench.engine.kvcache import new_cache
+from bench.engine.drafter_network import EagerForward, StaticForward
 from bench.engine.sampling import SamplingConfig
 from bench.engine.tree import DraftTree
 from methods.eagle.checkpoints import load_eagle
@@ -32,6 +35,30 @@ class EagleDrafter(Drafter):
         self.fallback_seed, self.generator = seed, None  # start() seeds the generator for each turn
         self.device, self.dtype = target.device, target.dtype
         self._min_value = torch.finfo(target.dtype).min
+        self.network = EagerForward(self._head_forward)  # the head over its cache (reserve: compiled)
+        self.target_hidden = target.config.get_text_config().hidden_size
+
+    def _head_forward(self, cache, position_ids, attention_mask, embeds, features):
+        return self.head(embeds, features, cache=cache, position_ids=position_ids, attention_mask=attention_mask)
+
+    def reserve(self, positions: int) -> None:
+        if not self.network.compiled:
+            self.network = StaticForward(self._head_forward, self.head.config, self.head)
+        self.network.reserve(positions)
+
+    def precompile(self) -> None:
+        """The head's graphs for the rows it is fed: the target's features (the accepted rows) and its own outputs
+        (the tree's levels), up to `fed_rows()` rows."""
+        embeds = self.embed(torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        target_features = len(self.feature_layers) * self.target_hidden
+        for width in dict.fromkeys((target_features, self.head.config.hidden_size)):
+            features = torch.zeros(1, 1, width, dtype=self.dtype, device=self.device)
+            with torch.inference_mode():
+                self.network.precompile({"embeds": embeds, "features": features}, min(self.fed_rows(), BUCKETS[-1]))
+
+    def fed_rows(self) -> int:
+        """The most rows one head forward is fed after the prompt's (a tree level, or a step's accepted rows)."""
+        raise NotImplementedError
 
     # --- the head's view of the accepted context ---------------------------------------------------------------
 
@@ -40,25 +67,23 @@ class EagleDrafter(Drafter):
         (the engine's drafter seed), or, when the turn has none, from the constructor's `seed`."""
         seed = self.fallback_seed if seed is None else seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
-        self.cache = new_cache()  # plain layers: the tree rows can be cropped off again
+        self.network = self.network.for_new_turn()
         self.context_len = 0  # cache length before the last drafted tree (update may come before any proposal)
         self.pending = hidden  # [m, H] target features not yet fed to the head (positions cache_len .. +m-1)
 
     def update(self, step) -> None:
-        surplus = self.cache.get_seq_length() - self.context_len  # the drafted tree's rows
-        if surplus:
-            self.cache.crop(-surplus)
+        self.network.cut_to(self.context_len)  # the drafted tree's rows out
         accepted = step.hidden[step.acceptance.rows]  # features of the root and the accepted nodes
         self.pending = torch.cat([self.pending, accepted]) if len(self.pending) else accepted
 
     def _feed_pending(self, context: list[int]) -> torch.Tensor:
         """Feed (token t+1, f_t) for the pending features; returns the head's output at the last one (f^ of the
         root's position). Afterwards the cache holds every position up to the root's predecessor."""
-        start = self.cache.get_seq_length()
+        start = self.network.length
         tokens = torch.tensor([context[start + 1 : start + 1 + len(self.pending)]], device=self.device)
-        out = self.head(self.embed(tokens), self.pending[None], cache=self.cache)
+        out = self.network({"embeds": self.embed(tokens), "features": self.pending[None]})
         self.pending = self.pending[:0]
-        self.context_len = self.cache.get_seq_length()
+        self.context_len = self.network.length
         return out[0, -1]
 
     @torch.inference_mode()

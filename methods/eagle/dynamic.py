@@ -39,6 +39,10 @@ class Eagle2Drafter(EagleDrafter):
             return None
         return self.draft_tree(self._feed_pending(context), nodes)
 
+    def fed_rows(self) -> int:
+        """A level's top_k rows, or a step's accepted rows: the root and a path through 1 + depth levels."""
+        return max(min(self.top_k, self.vocab.size), self.depth + 2)
+
     def draft_tree(self, root_feature: torch.Tensor, nodes: int | None = None) -> DraftTree | None:
         """EAGLE-2's tree. Level 1 is the root's top_k children; then `depth` expansions, each feeding the current
         frontier (top_k nodes) through the head and scoring all top_k x top_k children by cumulative log q; the next
@@ -98,8 +102,8 @@ class Eagle2Drafter(EagleDrafter):
         context and the fed tree rows, this level's last) each row sees. Returns the rows' predicted features
         [rows, H]."""
         positions = torch.full((1, len(token_ids)), self.context_len + level, device=self.device)
-        return self.head(self.embed(token_ids[None]), inputs[None], cache=self.cache, position_ids=positions,
-                         attention_mask=attention_mask[None, None])[0]
+        return self.network({"embeds": self.embed(token_ids[None]), "features": inputs[None]}, positions,
+                            attention_mask)[0]
 
 
 def tiny_drafter(target, sampling: SamplingConfig, knobs: dict, tmp_path) -> Eagle2Drafter:

@@ -21,6 +21,11 @@ class EagleHead(nn.Module):
         if hasattr(layer, "input_layernorm"):  # EAGLE skips the first layer's input norm: features are normed
             layer.input_layernorm = nn.Identity()
 
+    @property
+    def config(self):
+        """The config of the head's decoder layer (what a cache of its own is made for)."""
+        return self.body.config
+
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """embeds, features: [B, T, H] -> [B, T, H] predicted features (of the next position)."""

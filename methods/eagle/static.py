@@ -7,6 +7,8 @@ the next sibling. Lossless either way.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from bench.engine.sampling import SamplingConfig, logits_to_probs
@@ -35,6 +37,10 @@ class Eagle1Drafter(EagleDrafter):
             self.static_children[path[:-1]] = max(self.static_children.get(path[:-1], 0), path[-1] + 1)
         self.depth = max(len(p) for p in paths)
         self.static_paths = set(paths)
+
+    def fed_rows(self) -> int:
+        """The widest level of the tree, or a step's accepted rows: the root and a path of `depth` nodes."""
+        return max(max(Counter(len(path) for path in self.static_paths).values()), self.depth + 1)
 
     def draft_tree(self, root_feature: torch.Tensor) -> DraftTree | None:
         """EAGLE-1's tree: the `choices` paths, level by level (one head forward per level but the last). Under
@@ -99,7 +105,7 @@ class Eagle1Drafter(EagleDrafter):
         """Feed the nodes `new` as pairs (their token, their parent's predicted feature) at depth positions with a
         tree mask over the cached context and the tree rows fed before; returns their predicted features [len, H].
         The mask is built on the host and copied once."""
-        fed = self.cache.get_seq_length() - n  # tree rows already in the head's cache: nodes 0 .. fed-1
+        fed = self.network.length - n  # tree rows already in the head's cache: nodes 0 .. fed-1
         ids = torch.tensor([[tokens[i] for i in new]], device=self.device)
         features = torch.stack([self._outputs[parents[i]] for i in new])[None]
         ancestry = [self._ancestors(i, parents) for i in new]
@@ -108,8 +114,7 @@ class Eagle1Drafter(EagleDrafter):
         for row, ancestors in enumerate(ancestry):
             mask[row, [n + a for a in ancestors] + [n + fed + row]] = 0
         positions = torch.tensor([[n + len(a) for a in ancestry]], device=self.device)
-        out = self.head(self.embed(ids), features, cache=self.cache, position_ids=positions,
-                        attention_mask=mask.to(self.device)[None, None])[0]
+        out = self.network({"embeds": self.embed(ids), "features": features}, positions, mask.to(self.device))[0]
         for row, node in enumerate(new):
             self._outputs[node] = out[row]
         return out

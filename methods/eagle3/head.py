@@ -62,6 +62,7 @@ class Eagle3Head(nn.Module):
                  feature_layers: tuple[int, ...], norm_before_residual: bool = False, own_embedding: bool = False):
         super().__init__()
         hidden = config.hidden_size
+        self.config = config  # the decoder layer's (what a cache of its own is made for)
         self.embed_tokens = nn.Embedding(target_vocab_size, hidden) if own_embedding else None
         self.fc = nn.Linear(len(feature_layers) * target_hidden_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config, norm_before_residual)

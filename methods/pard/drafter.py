@@ -9,6 +9,8 @@ accepted tokens and the target's own token.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
@@ -33,16 +35,25 @@ class ParallelDraftDrafter(DraftModelDrafter):
                          seed=seed, draft_model=draft_model, train_command=train_command)
         self.mask_token_id = parallel_token(self.draft.config, draft_path or "the draft model", train_command)
 
+    def reserve(self, positions: int) -> None:
+        """Runs eager under engine.compile=on too (its forward keeps K rows' logits, which a padded graph does not
+        take yet), said once."""
+        if not getattr(self, "said_eager", False):
+            print("note: engine.compile=on: PARD's draft model runs eager", file=sys.stderr)
+            self.said_eager = True
+
+    def precompile(self) -> None:
+        pass
+
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         n = self.chain_length(context, max_tokens)
         if n <= 0:
             return None
-        known = self.cache.get_seq_length()
+        known = self.network.length
         ids = torch.tensor([context[known:] + [self.mask_token_id] * (n - 1)], device=self.draft.device)
-        logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=n).logits[0]  # [n, vocab]
-        if n > 1:  # the masks' entries go: the cache holds the context's real tokens
-            self.cache.crop(1 - n)
+        logits = self.network({"input_ids": ids}, logits_to_keep=n)[0]  # [n, vocab]
+        self.network.cut_to(self.network.length - (n - 1))  # the masks' entries go: the context's real tokens stay
         if self.sampling.greedy:
             return DraftTree.chain(greedy_tokens(logits).tolist())
         q = logits_to_probs(logits, self.sampling).cpu()  # [n, vocab]

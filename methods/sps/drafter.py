@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from bench.artifacts import artifact_fingerprint
 from bench.engine.drafter import Drafter, StepResult
-from bench.engine.kvcache import new_cache
+from bench.engine.drafter_network import EagerForward, StaticForward
 from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
 from bench.engine.tree import DraftTree
 from bench.knobs import at_least, check_knobs
@@ -39,8 +38,23 @@ class DraftModelDrafter(Drafter):
         self.adaptive = adaptive
         self.sampling = sampling or SamplingConfig()
         self.fallback_seed, self.generator = seed, None  # start() seeds the generator for each turn
-        self.cache: DynamicCache | None = None
+        self.network = EagerForward(self._draft_forward)  # the draft over its cache (reserve: compiled)
         self._base = 0  # len(context) at the last proposal: the cache length to keep before accepted drafts
+
+    def _draft_forward(self, cache, position_ids, attention_mask, input_ids, **options):
+        return self.draft(input_ids=input_ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
+                          **options).logits
+
+    def reserve(self, positions: int) -> None:
+        if not self.network.compiled:
+            self.network = StaticForward(self._draft_forward, self.draft.config, self.draft)
+        self.network.reserve(positions)
+
+    @torch.inference_mode()
+    def precompile(self) -> None:
+        """The draft's graphs for a step's first forward (the root, and the last draft when all were kept) and the
+        chain's next ones."""
+        self.network.precompile({"input_ids": torch.zeros(1, 1, dtype=torch.long, device=self.draft.device)}, 2)
 
     @torch.inference_mode()
     def start(self, prompt_ids: list[int], seed: int | None = None) -> None:
@@ -49,9 +63,9 @@ class DraftModelDrafter(Drafter):
         seed = self.fallback_seed if seed is None else seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
         self.num_draft_tokens = self.initial_draft_tokens
-        self.cache = new_cache()
         self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal
-        self.draft(input_ids=torch.tensor([prompt_ids], device=self.draft.device), cache=self.cache, logits_to_keep=1)
+        self.network = self.network.for_new_turn()  # a copy per batch row: a cache of its own
+        self.network.prefill({"input_ids": torch.tensor([prompt_ids], device=self.draft.device)}, logits_to_keep=1)
 
     def chain_length(self, context: list[int], max_tokens: int) -> int:
         """How many tokens this step drafts (a step adds accepted drafts + 1 bonus token); notes the context's
@@ -65,10 +79,10 @@ class DraftModelDrafter(Drafter):
         if n <= 0:
             return None
         # the root, plus the last chain's final draft if all were kept
-        ids = torch.tensor([context[self.cache.get_seq_length():]], device=self.draft.device)
+        ids = torch.tensor([context[self.network.length:]], device=self.draft.device)
         drafted, probs = [], []
         for _ in range(n):
-            logits = self.draft(input_ids=ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # [vocab]
+            logits = self.network({"input_ids": ids})[0, -1]  # [vocab]
             if self.sampling.greedy:  # stays on the device: one host sync per chain, not per token
                 ids = greedy_tokens(logits).view(1, 1)
             else:  # the sampler's generator lives on the CPU
@@ -80,9 +94,7 @@ class DraftModelDrafter(Drafter):
 
     def update(self, step: StepResult) -> None:
         accepted = step.acceptance.num_accepted_drafts
-        surplus = self.cache.get_seq_length() - (self._base + accepted)  # cache keeps context + accepted drafts
-        if surplus > 0:
-            self.cache.crop(-surplus)
+        self.network.cut_to(min(self.network.length, self._base + accepted))  # context + accepted drafts
         if self.adaptive and step.tree is not None and len(step.tree):
             full = accepted == len(step.tree)
             self.num_draft_tokens = self.num_draft_tokens + 2 if full else max(1, self.num_draft_tokens - 1)

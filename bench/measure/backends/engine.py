@@ -11,10 +11,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench import method_identity
+from bench.engine.compiled import BUCKETS
 from bench.engine.drafter import NoDrafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
-from bench.engine.target import BUCKETS
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
 from bench.measure.contention import verdict
 from bench.measure.decoding import PromptTooLong, decode_group
@@ -116,6 +116,8 @@ class EngineBackend(Backend):
                            + n * (TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens) for q, n in zip(todo, turns)))
         largest = 1 if isinstance(engine.drafter, NoDrafter) else BUCKETS[-1]  # vanilla verifies one token a step
         target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
+        engine.drafter.reserve(target.capacity - BUCKETS[-1])
+        engine.drafter.precompile()
         seconds = time.perf_counter() - started
         self.compile_seconds = (self.compile_seconds or 0.0) + seconds
         print(f"engine.compile=on: the {side}'s graphs made in {seconds:.1f} s for a cache of {target.capacity} "
