@@ -39,6 +39,9 @@ class PromptLookupDrafter(Drafter):
                     table[ngram] = end
         self.indexed_until = max(self.indexed_until, len(context) - 1)
 
+    def most_nodes(self) -> int:
+        return self.num_pred_tokens
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self._index_up_to(context)
         for n in range(min(self.max_ngram_size, len(context) - 1), 0, -1):

@@ -116,6 +116,9 @@ class SuffixDecodingDrafter(Drafter):
         self.response_id = self.responses.open()
         self.seen = len(prompt_ids)
 
+    def most_nodes(self) -> int:
+        return self.num_speculative_tokens
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self.add(context[self.seen :])  # the prefill's token (and any step this drafter did not see)
         self.last_draft = draft = self.speculate(context[-self.max_tree_depth :],

@@ -77,3 +77,22 @@ def test_a_compiled_head_drafts_with_its_own_weights(tiny_model, prompts, one_th
         eager = proposals(tiny_model, drafter(seed), prompts[1], compiled=False)
         compiled = proposals(tiny_model, drafter(seed), prompts[1], compiled=True)
         assert compiled[:2] == eager[:2]
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle2", "pld", "suffix", "sps-fixed"])
+def test_no_tree_exceeds_the_drafters_most_nodes(tiny_model, prompts, method, one_thread):
+    """most_nodes bounds every tree (the compiled engine makes graphs up to it only, before timing)."""
+    from methods.pld import PromptLookupDrafter
+    from methods.suffix_decoding import SuffixDecodingDrafter
+
+    drafter = {"pld": lambda: PromptLookupDrafter(max_ngram_size=2, num_pred_tokens=3),
+               "suffix": lambda: SuffixDecodingDrafter(num_speculative_tokens=5, max_tree_depth=8, max_spec_offset=5),
+               "sps-fixed": lambda: sps.tiny_drafter(tiny_model, SamplingConfig(),
+                                                     {"num_draft_tokens": 3, "adaptive": False}, None),
+               }.get(method, lambda: tiny(tiny_model, method))()
+    sizes = []
+    for prompt in (prompts[2] * 3, prompts[1]):  # repeats: PLD and suffix match
+        _, trees, _ = proposals(tiny_model, drafter, prompt, compiled=False)
+        sizes += [len(tree[0]) for tree in trees if tree is not None]
+    assert sizes and max(sizes) <= drafter.most_nodes()
+    assert max(sizes) >= min(3, drafter.most_nodes())

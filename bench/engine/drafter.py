@@ -69,6 +69,11 @@ class Drafter:
     def restore_learned_state(self, state) -> None:
         """Put back what learned_state() returned."""
 
+    def most_nodes(self) -> int | None:
+        """The most nodes (auxiliary inputs included) a tree it proposes can have, for the compiled engine's graphs
+        (None: not bounded ahead; every size's graph is made)."""
+        return None
+
     def reserve(self, positions: int) -> None:
         """engine.compile=on: the turn about to start reaches at most `positions` positions (prompt and new tokens)."""
 
@@ -113,3 +118,6 @@ def start_drafter(drafter: Drafter, prompt_ids: list[int], hidden: torch.Tensor 
 
 class NoDrafter(Drafter):
     """Vanilla decoding: proposes nothing, so each step is one target forward for one token."""
+
+    def most_nodes(self) -> int:
+        return 0

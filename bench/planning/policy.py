@@ -165,6 +165,15 @@ class PlannedDrafter(Drafter):
         # warmed up and rewound as the drafter is
         self.learns_across_prompts, self.learns_in_warm_up = drafter.learns_across_prompts, drafter.learns_in_warm_up
 
+    def most_nodes(self) -> int | None:
+        return self.inner.most_nodes()  # a plan only cuts the tree
+
+    def reserve(self, positions: int) -> None:
+        self.inner.reserve(positions)
+
+    def precompile(self) -> None:
+        self.inner.precompile()
+
     def learned_state(self):
         return self.inner.learned_state()
 

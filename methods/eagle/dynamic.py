@@ -39,6 +39,9 @@ class Eagle2Drafter(EagleDrafter):
             return None
         return self.draft_tree(self._feed_pending(context), nodes)
 
+    def most_nodes(self) -> int:
+        return self.total_token - 1
+
     def fed_rows(self) -> int:
         """A level's top_k rows, or a step's accepted rows: the root and a path through 1 + depth levels."""
         return max(min(self.top_k, self.vocab.size), self.depth + 2)

@@ -38,6 +38,9 @@ class Eagle1Drafter(EagleDrafter):
         self.depth = max(len(p) for p in paths)
         self.static_paths = set(paths)
 
+    def most_nodes(self) -> int:
+        return len(self.static_paths)
+
     def fed_rows(self) -> int:
         """The widest level of the tree, or a step's accepted rows: the root and a path of `depth` nodes."""
         return max(max(Counter(len(path) for path in self.static_paths).values()), self.depth + 1)

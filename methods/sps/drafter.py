@@ -45,6 +45,10 @@ class DraftModelDrafter(Drafter):
         return self.draft(input_ids=input_ids, cache=cache, position_ids=position_ids, attention_mask=attention_mask,
                           **options).logits
 
+    def most_nodes(self) -> int | None:
+        """γ, or None under the adaptive schedule (it grows γ by 2 after each fully accepted chain)."""
+        return None if self.adaptive else self.initial_draft_tokens
+
     def reserve(self, positions: int) -> None:
         if not self.network.compiled:
             self.network = StaticForward(self._draft_forward, self.draft.config, self.draft)

@@ -12,7 +12,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import method_identity
 from bench.engine.compiled import BUCKETS
-from bench.engine.drafter import NoDrafter
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
@@ -114,7 +113,8 @@ class EngineBackend(Backend):
         turns = [max(len(q["turns"]), 1) for q in todo]
         target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
                            + n * (TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens) for q, n in zip(todo, turns)))
-        largest = 1 if isinstance(engine.drafter, NoDrafter) else BUCKETS[-1]  # vanilla verifies one token a step
+        most = engine.drafter.most_nodes()  # vanilla: 0, it verifies one token a step
+        largest = BUCKETS[-1] if most is None else min(1 + most, BUCKETS[-1])
         target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
         engine.drafter.reserve(target.capacity - BUCKETS[-1])
         engine.drafter.precompile()
