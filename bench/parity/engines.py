@@ -33,6 +33,9 @@ HEADS = {
                ["backend=server", "server=vllm_cpu_eagle3", "server.num_speculative_tokens={k}"]),
     "sps": (["method=sps", "method.drafter.num_draft_tokens={k}", "method.drafter.adaptive=false"],
             ["backend=server", "server=vllm_cpu_draft", "server.num_speculative_tokens={k}"]),
+    # PLD as vLLM's ngram proposer drafts: the longest 1-3-gram match, its earliest occurrence, k tokens after it
+    "pld": (["method=pld", "method.drafter.num_pred_tokens={k}", "method.drafter.match=first"],
+            ["backend=server", "server=vllm_cpu_ngram", "server.num_speculative_tokens={k}"]),
     "pard": (["method=pard", "method.drafter.num_draft_tokens={k}"],
              ["backend=server", "server=vllm_cpu_pard", "server.num_speculative_tokens={k}"]),
     # DFlash: a block of k + 1 (the root and k masks), our drafter on the published copy vLLM loads (whole vocabulary)
