@@ -17,6 +17,15 @@ from bench.run_folder import settings_label
 
 CONF_DIR = PROJECT_ROOT / "conf"
 COMMAND_VARIABLE = "SPECBENCH_COMMAND"  # the command line a run or sweep was started with, inherited by its jobs
+
+
+def typed_command(argv: list[str] | str | None = None) -> str:
+    """A command line as a user types it: `python -m ...`, the interpreter's path left out (this process's, or the
+    given argv or command string)."""
+    words = list(sys.orig_argv if argv is None else shlex.split(argv) if isinstance(argv, str) else argv)
+    if words and Path(words[0]).name.startswith("python"):
+        words[0] = "python"
+    return shlex.join(words)
 NOUNS = {"train": "methods with a training recipe"}  # how a choice listing names a folder's files; else <folder>s
 
 
@@ -225,5 +234,5 @@ def run_hydra_command(app: Callable[[DictConfig], None], config_name: str,
             raise MissingArtifactError(problem)
         if not multirun and (problems := unknown_keys(config_name, overrides)):
             raise ConfigError("\n".join(problems))
-    os.environ[COMMAND_VARIABLE] = shlex.join(sys.orig_argv)  # for meta.json, in this process and a sweep's jobs
+    os.environ[COMMAND_VARIABLE] = typed_command()  # for meta.json, in this process and a sweep's jobs
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(app)()

@@ -1,14 +1,17 @@
 """Ours beside transformers' own decoding on the same chat prompts (first turns spread over the Spec-Bench
 questions), greedy, interleaved question by question (the order rotating, after an untimed warm-up):
 
-    python -m studies.vs_transformers vanilla --questions 8 --max-new-tokens 128 [--batch-size 4]
+    python -m studies.vs_transformers vanilla --questions 8 --max-new-tokens 128 [--batch-size 4] [--compile]
     python -m studies.vs_transformers pld --questions 4 --max-new-tokens 128 [--dtype float32]
     python -m studies.vs_transformers sps --questions 4 --max-new-tokens 128 [--gamma 5] [--adaptive] [--draft PATH]
 
 vanilla: is our baseline as fast as transformers' `generate(do_sample=False)`? (A slow baseline inflates speedups.)
 Prints tokens/s of each and the ratio. At --batch-size B > 1 ours is the batched engine (bench/engine/batched.py, what
 `gen.batch_size=B` runs) and transformers' decodes the same B prompts left-padded, its own way; tokens after a row's
-EOS are not counted.
+EOS are not counted. With --compile (batch 1): our compiled engine (engine.compile=on) against transformers' own
+fastest recipe, `generate` over its static cache with its forward compiled (`cache_implementation="static"`, a
+CompileConfig allowed on every device), each on its own copy of the weights; every graph of both made before timing
+(an untimed decode of the longest prompt).
 
 pld: our vanilla, our PLD (knobs from conf/method/pld.yaml), transformers' `generate(do_sample=False)` and its prompt
 lookup (`prompt_lookup_num_tokens`) with the same num_pred_tokens and max_ngram_size.
@@ -53,7 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_argument("--max-new-tokens", type=int, default=128)
     common.add_argument("--categories", default="", help="comma-separated question categories (default: all)")
     sides = parser.add_subparsers(dest="method", required=True)
-    sides.add_parser("vanilla", parents=[common]).add_argument("--batch-size", type=int, default=1)
+    plain = sides.add_parser("vanilla", parents=[common])
+    plain.add_argument("--batch-size", type=int, default=1)
+    plain.add_argument("--compile", action="store_true", help="compiled decoding on both sides (batch 1)")
     sides.add_parser("pld", parents=[common]).set_defaults(questions=4)
     sps = sides.add_parser("sps", parents=[common])
     sps.set_defaults(questions=4)
@@ -107,15 +112,16 @@ def count_forwards(contenders: dict[str, Callable], counters: dict[str, ForwardC
     return {name: wrap(name, decode) for name, decode in contenders.items()}, forwards
 
 
-def interleave(prompts: list, contenders: dict[str, Callable], device) -> dict:
-    """Run every contender on each prompt in turn (order rotating per prompt) and total tokens and seconds.
+def interleave(prompts: list, contenders: dict[str, Callable], device, warm_up=None) -> dict:
+    """Run every contender on each prompt in turn (order rotating per prompt) and total tokens and seconds, after an
+    untimed call of each on `warm_up` (default: the first prompt's first 32 tokens).
 
     Each contender returns its new token ids. Returns {name: {"tokens", "seconds", "outputs"}}.
     """
     names = list(contenders)
     totals = {name: {"tokens": 0, "seconds": 0.0, "outputs": []} for name in names}
     for name in names:  # warm-up, untimed
-        contenders[name](prompts[0][:32])
+        contenders[name](prompts[0][:32] if warm_up is None else warm_up)
     for index, prompt in enumerate(prompts):
         for name in names[index % len(names):] + names[: index % len(names)]:
             with timed(device) as elapsed:
@@ -166,14 +172,34 @@ def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens
     return tokens
 
 
+def hf_compiled_generate(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """New token ids from transformers' greedy `generate` over its static cache, its forward compiled (on any
+    device: transformers compiles only on accelerators unless told)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(mode="default")  # "reduce-overhead" is CUDA graphs
+    config._compile_all_devices = True
+    return hf_generate(model, prompt, max_new_tokens, cache_implementation="static", compile_config=config)
+
+
 def vanilla(args: argparse.Namespace) -> None:
     model, tokenizer, prompts, eos = setup(args)
     stop = StopCondition(args.max_new_tokens, frozenset(eos))
-    if args.batch_size == 1:
+    items, warm_up = prompts, None
+    if args.compile:
+        if args.batch_size != 1:
+            raise SystemExit("--compile: batch 1 only (the compiled engine decodes one sequence at a time)")
+        their_model = setup(args)[0]  # weights of its own: the compiled engine routes the model's attention its way
+        engine = SpeculativeEngine(model, compile=True)
+        warm_up = max(prompts, key=len)  # the longest turn: every graph of both sides made before timing
+        engine.target.reserve(len(warm_up) + args.max_new_tokens)
+        contenders = {"specbench vanilla, compiled": lambda p: engine.generate(p, stop).tokens,
+                      "transformers generate, static cache + compile": lambda p: hf_compiled_generate(
+                          their_model, p, args.max_new_tokens)}
+    elif args.batch_size == 1:
         engine = SpeculativeEngine(model)
         contenders = {"specbench vanilla": lambda p: engine.generate(p, stop).tokens,
                       "transformers generate": lambda p: hf_generate(model, p, args.max_new_tokens)}
-        items = prompts
     else:
         batched = BatchedEngine(model)
         contenders = {
@@ -182,7 +208,7 @@ def vanilla(args: argparse.Namespace) -> None:
             "transformers generate": lambda ps: hf_generate_batch(model, tokenizer, ps, args.max_new_tokens, set(eos)),
         }
         items = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
-    totals = interleave(items, contenders, model.device)
+    totals = interleave(items, contenders, model.device, warm_up)
     for name, t in totals.items():
         print(f"{name:24s} {t['tokens']:6d} tokens in {t['seconds']:7.2f} s = {t['tokens'] / t['seconds']:6.2f} tok/s")
     ours, theirs = (t["tokens"] / t["seconds"] for t in totals.values())

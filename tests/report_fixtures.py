@@ -53,10 +53,11 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
               max_new_tokens: int = 32, temperature: float = 0.0, task: str = "all",
               finished: str = "2026-01-01T00:00:00", drafter: dict | None = None,
               torch_version: str = "2.13.0", batch_size: int = 1, sizing: dict | None = None, seed: int = 0,
-              weights: dict | None = None) -> Path:
+              weights: dict | None = None, meta_extra: dict | None = None) -> Path:
     """A run folder as bench/measure/run.py writes it; `sizing`: the method config's sizing keys, {"sizing": "auto"}
     or an older run's {"budget": "auto"} or {"batch_policy": "adaptive"}; `weights`: the model config's keys naming
-    its weights ({"package": ..., "gguf_file": ...} or {"path": ...})."""
+    its weights ({"package": ..., "gguf_file": ...} or {"path": ...}); `meta_extra`: more meta.json keys (a server
+    run's backend and server)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
     if baselines is not None:
@@ -73,6 +74,7 @@ def write_run(path: Path, method: str, answers: list[dict], baselines: list[dict
                    "seed": seed},
         "git_commit": "abc", "torch": torch_version, "transformers": "5.24.0", "device": device,
         "device_name": device_name, "dtype": dtype, "host": "h", "started": finished, "finished": finished,
+        **(meta_extra or {}),
     }
     (path / "meta.json").write_text(json.dumps(meta))
     return path

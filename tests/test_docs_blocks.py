@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config
 from bench.report.__main__ import main
-from bench.report.docs_blocks import FIX, docs_files, find_blocks
+from bench.report.docs_blocks import FIX, MADE_BY, docs_files, find_blocks, how_to_make
 from bench.report.render import write_report
 from tests.report_fixtures import QUESTIONS, method_run
 
@@ -76,6 +77,29 @@ def test_runs_of_two_machines_make_no_record(tmp_path, capsys):
         main([str(tmp_path / "runs"), "--record", "exp", "--reference", str(tmp_path / "reference")])
     assert exit_.value.code == 2 and "runs of several machines (cpu-a, cpu-b)" in capsys.readouterr().err
     assert not (tmp_path / "reference").exists()
+
+
+def served(url: str, host: str = "h") -> dict:
+    """method_run's keys of a run against the server at `url`, the harness on `host`."""
+    return {"device": "server:vllm", "device_name": f"vllm at {url}",
+            "meta_extra": {"backend": "server", "server": {"url": url}, "host": host}}
+
+
+def test_runs_against_a_server_on_the_same_machine_make_the_machine_s_record(tmp_path, capsys):
+    """Our engine beside vLLM served on the same machine (bench.parity.engines): one record, labelled and described
+    by the engine's own runs; a server elsewhere, or a harness on another host, is another machine."""
+    runs, reference = tmp_path / "runs", tmp_path / "reference"
+    method_run(runs / "ours", "eagle3", {321: 1.2}, [2], task="qa", device_name="CPU A")
+    method_run(runs / "vllm", "vllm_cpu_eagle3", {321: 1.1}, [2], task="qa", **served("http://127.0.0.1:8301"))
+    main([str(runs), "--record", "exp", "--reference", str(reference)])
+    meta = json.loads((reference / "exp" / "cpu-a" / "meta.json").read_text())
+    assert (meta["host_label"], meta["device_name"], meta["runs"]) == ("cpu-a", "CPU A", 2)
+    for where, host in (("http://gpu-node:8000", "h"), ("http://localhost:8301", "elsewhere")):
+        method_run(runs / "vllm", "vllm_cpu_eagle3", {321: 1.1}, [2], task="qa", **served(where, host))
+        with pytest.raises(SystemExit) as exit_:
+            main([str(runs), "--record", "exp2", "--reference", str(reference)])
+        assert exit_.value.code == 2 and "runs of several machines" in capsys.readouterr().err
+    assert not (reference / "exp2").exists()
 
 
 @pytest.mark.parametrize("view, report_file, index", [("leaderboard", "leaderboard.md", 0),
@@ -172,10 +196,16 @@ def test_the_reference_experiments_compose(experiment, dtype):
 
 
 def test_every_block_of_readme_and_docs_names_an_experiment_of_conf():
+    """... or one made by a command of its own (MADE_BY), which says where its runs go."""
     blocks = [b for path in docs_files() for b in find_blocks(path.read_text().split("\n"), path.name)]
     assert blocks and "reference_fp32" in {b.attributes["experiment"] for b in blocks}
     for b in blocks:
-        assert (PROJECT_ROOT / "conf" / "experiment" / f"{b.attributes['experiment']}.yaml").is_file(), b.name
+        experiment = b.attributes["experiment"]
+        assert (PROJECT_ROOT / "conf" / "experiment" / f"{experiment}.yaml").is_file() or experiment in MADE_BY, b.name
+    for experiment, command in MADE_BY.items():
+        assert f"results/runs/{experiment}" in how_to_make(experiment)
+        assert subprocess.run([*command.replace("python", sys.executable, 1).split(), "--help"], cwd=PROJECT_ROOT,
+                              capture_output=True).returncode == 0
 
 
 def test_conf_carries_no_speedup_figures():

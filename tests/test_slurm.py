@@ -4,7 +4,6 @@ plugin is missing."""
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from bench.artifacts import PROJECT_ROOT
-from bench.config import COMMAND_VARIABLE, missing_launcher
+from bench.config import COMMAND_VARIABLE, missing_launcher, typed_command
 from bench.measure.contention import available_cores
 from bench.measure.scheduler import Placement, claim_scope, job_threads, placement, provenance_facts
 
@@ -93,7 +92,8 @@ def test_meta_names_the_scheduler_job_node_and_the_sweeps_command():
     command = "python -m bench -m hydra/launcher=submitit_slurm method=pld,lookahead task=qa"
     assert provenance_facts({**SLURM_ARRAY_JOB, COMMAND_VARIABLE: command}) == \
         {"scheduler": "slurm", "job_id": "12_5", "node": "node7", "command": command}
-    assert provenance_facts({})["command"] == shlex.join(sys.orig_argv)  # a run outside `python -m bench`
+    assert provenance_facts({})["command"] == typed_command()  # a run outside `python -m bench`
+    assert typed_command(["/opt/py/bin/python3.11", "-m", "bench", "task=a b"]) == "python -m bench 'task=a b'"
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.config import COMMAND_VARIABLE
+from bench.config import COMMAND_VARIABLE, typed_command
 from bench.measure.contention import available_cores
 
 
@@ -58,9 +58,7 @@ def claim_scope(sweep_dir: Path, where: Placement) -> tuple[Path, int]:
 def provenance_facts(environ: Mapping[str, str] = os.environ) -> dict:
     """meta.json's scheduler keys: scheduler, job_id, node, and the command the run (or its sweep) was started
     with."""
-    import shlex
-    import sys
 
     where = placement(environ)
     return {"scheduler": where.scheduler, "job_id": where.job_id, "node": where.node,
-            "command": environ.get(COMMAND_VARIABLE) or shlex.join(sys.orig_argv)}
+            "command": environ.get(COMMAND_VARIABLE) or typed_command()}

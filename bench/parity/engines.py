@@ -5,11 +5,12 @@ then per-position acceptance, #MAT and tokens/s side by side, and where the engi
 by more than --tolerance.
 
     bash tools/build_vllm_cpu.sh      # once
-    python -m bench.parity.engines [--k 3] [--task all] [--limit 5] [--max-new-tokens 128] [--heads eagle3,sps]
+    python -m bench.parity.engines [--k 3] [--task all] [--limit 5] [--max-new-tokens 128] [--heads eagle3,sps,pld]
     python -m bench.parity.engines --no-run ...    # compare the runs already made
 
-Runs go to results/cross_engine/<model>/<head>-k<k>/<engine>/ (resumed where they stopped); the report picks them up
-(python -m bench.report results/cross_engine). Differences and their causes: docs/parity.md (Same head, two engines).
+Runs go to results/runs/cross_engine/<model>/<head>-k<k>/<engine>/ (resumed where they stopped); the report picks
+them up (python -m bench.report results/runs/cross_engine) and records them (`--record cross_engine`): docs/parity.md's
+tables (Same head, two engines).
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="our engine's engine.compile (on: compiled forwards, as vLLM runs its model)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="per-position acceptance gap that is flagged")
     parser.add_argument("--no-run", action="store_true", help="only compare the runs already in --out")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "cross_engine")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "runs" / "cross_engine",
+                        help="the runs' folder (its record: python -m bench.report <out> --record cross_engine)")
     return parser.parse_args(argv)
 
 

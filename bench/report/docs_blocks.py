@@ -129,11 +129,18 @@ def caption(folder: Path, meta: dict, board: pd.DataFrame) -> str:
             + (f"; made with {commands}." if commands else "."))
 
 
+# Experiments made by a command of their own rather than a conf/experiment/<name>.yaml sweep; their runs also go to
+# results/runs/<experiment>/.
+MADE_BY = {"cross_engine": "python -m bench.parity.engines --k 3 --heads eagle3,sps,pld --task all --limit 3 "
+                           "--max-new-tokens 128"}
+
+
 def how_to_make(experiment: str) -> str:
     """The commands that make an experiment's record (its runs go to results/runs/<experiment>/)."""
-    return (f"run `python -m bench +experiment={experiment} -m` on a quiet machine (conf/experiment/{experiment}.yaml "
-            f"lists every command), then `python -m bench.report results/runs/{experiment} --record {experiment}` and "
-            f"`{FIX}`")
+    run = (f"`{MADE_BY[experiment]}` on a quiet machine" if experiment in MADE_BY else
+           f"`python -m bench +experiment={experiment} -m` on a quiet machine (conf/experiment/{experiment}.yaml lists "
+           f"every command)")
+    return f"run {run}, then `python -m bench.report results/runs/{experiment} --record {experiment}` and `{FIX}`"
 
 
 def placeholder(attributes: dict[str, str]) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
+from bench.config import typed_command
 from bench.errors import ConfigError
 from bench.planning.costmodel import device_slug
 from bench.report.imports import with_imports
@@ -34,6 +36,26 @@ def host_label(meta: dict) -> str:
     return f"{name}-{threads}t" if str(meta.get("device", "cpu")).startswith("cpu") and threads else name
 
 
+def served_here(meta: dict) -> bool:
+    """A run against a server the harness reached on this machine (its machine is the harness's host)."""
+    url = str((meta.get("server") or {}).get("url") or "")
+    return meta.get("backend") == "server" and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def machine_label(metas: list[dict], where: Path) -> str:
+    """The one machine of a record's runs: their host label, where runs against a server on the same machine (our
+    engine beside vLLM's, bench.parity.engines) take the label of the engine's runs beside them. Runs of several
+    machines are refused: each machine's runs make a record of their own."""
+    own = [m for m in metas if not served_here(m)] or metas
+    labels = sorted({host_label(m) for m in own})
+    hosts = sorted({str(m.get("host")) for m in metas})
+    if len(labels) > 1 or (len(own) < len(metas) and len(hosts) > 1):
+        names = labels if len(labels) > 1 else hosts
+        raise ConfigError(f"{where}: runs of several machines ({', '.join(names)}): record each machine's "
+                          f"runs from a folder of their own")
+    return labels[0]
+
+
 def _joined(values) -> str:
     return ", ".join(sorted({str(v) for v in values if v is not None}))
 
@@ -41,14 +63,15 @@ def _joined(values) -> str:
 def record_meta(experiment: str, metas: list[dict], command: str) -> dict:
     """meta.json of a record: the experiment, the machine, the software, the code, the dates and the commands."""
     dates = sorted(d for m in metas for d in (m.get("started"), m.get("finished")) if d)
+    own = [m for m in metas if not served_here(m)] or metas  # the machine's facts: its own runs'
     return {
         "experiment": experiment,
-        "host_label": host_label(metas[0]),
+        "host_label": machine_label(metas, Path(experiment)),
         "hosts": _joined(m.get("host") for m in metas),
-        "device": _joined(m.get("device") for m in metas),
-        "device_name": _joined(m.get("device_name") for m in metas),
-        "cpu_threads": metas[0].get("cpu_threads"),
-        "blas_environment": _joined(json.dumps(m["blas_environment"], sort_keys=True) for m in metas
+        "device": _joined(m.get("device") for m in own),
+        "device_name": _joined(m.get("device_name") for m in own),
+        "cpu_threads": own[0].get("cpu_threads"),
+        "blas_environment": _joined(json.dumps(m["blas_environment"], sort_keys=True) for m in own
                                     if m.get("blas_environment") is not None) or None,
         "torch": _joined(m.get("torch") for m in metas),
         "transformers": _joined(m.get("transformers") for m in metas),
@@ -56,7 +79,7 @@ def record_meta(experiment: str, metas: list[dict], command: str) -> dict:
         "git_dirty": any(bool(m.get("git_dirty")) for m in metas),
         "first_started": dates[0] if dates else None,
         "last_finished": dates[-1] if dates else None,
-        "commands": sorted({m["command"] for m in metas if m.get("command")}),
+        "commands": sorted({typed_command(m["command"]) for m in metas if m.get("command")}),
         "recorded_with": command,
         "runs": len(metas),
     }
@@ -65,18 +88,14 @@ def record_meta(experiment: str, metas: list[dict], command: str) -> dict:
 def write_record(results_dir: Path, experiment: str, reference_dir: Path, command: str) -> Path:
     """The record of the runs under `results_dir` (the latest per setting, method and task, as the report picks
     them), written to reference_dir/<experiment>/<host label>/ with the `command` that records them; returns that
-    folder. Runs of several machines are refused: each machine's runs make a record of their own."""
+    folder (machine_label)."""
     runs = load_runs(results_dir)
     if runs.empty:
         raise ConfigError(f"no runs (answers.jsonl + meta.json) under {results_dir}")
     board = leaderboard(runs)
     used = sorted({path for paths in board.runs for path in paths.split(";")})
     metas = [json.loads((Path(path) / "meta.json").read_text()) for path in used]
-    labels = sorted({host_label(m) for m in metas})
-    if len(labels) > 1:
-        raise ConfigError(f"{results_dir}: runs of several machines ({', '.join(labels)}): record each machine's "
-                          f"runs from a folder of their own")
-    folder = Path(reference_dir) / experiment / labels[0]
+    folder = Path(reference_dir) / experiment / machine_label(metas, results_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with_imports(board, None).drop(columns="setting").to_csv(folder / BOARD_FILE, index=False)
     meta = record_meta(experiment, metas, command)
