@@ -143,8 +143,9 @@ def make_drafter(case: str, model, cfg: SamplingConfig, tmp_path):
     return cls(target=model, tokenizer=None, **knobs)
 
 
-def joint_counts(model, drafter, cfg: SamplingConfig, runs: int) -> tuple[dict[tuple, int], list[int]]:
-    engine = SpeculativeEngine(model, drafter, cfg)
+def joint_counts(model, drafter, cfg: SamplingConfig, runs: int,
+                 compiled: bool = False) -> tuple[dict[tuple, int], list[int]]:
+    engine = SpeculativeEngine(model, drafter, cfg, compile=compiled)
     counts: dict[tuple, int] = {}
     accept_lengths: list[int] = []
     for seed in range(runs):
@@ -155,10 +156,12 @@ def joint_counts(model, drafter, cfg: SamplingConfig, runs: int) -> tuple[dict[t
     return counts, accept_lengths
 
 
-def joint_test(model, drafter, cfg: SamplingConfig, runs: int) -> tuple[float, float, list[int]]:
-    """(chi-square statistic, critical value at p = 1e-3, accept lengths) of the sampled joint against the exact."""
+def joint_test(model, drafter, cfg: SamplingConfig, runs: int,
+               compiled: bool = False) -> tuple[float, float, list[int]]:
+    """(chi-square statistic, critical value at p = 1e-3, accept lengths) of the sampled joint against the exact
+    (`compiled`: decoded by the compiled engine, engine.compile=on)."""
     exact = exact_joint(model, cfg)
-    counts, accept_lengths = joint_counts(model, drafter, cfg, runs)
+    counts, accept_lengths = joint_counts(model, drafter, cfg, runs, compiled)
     assert set(counts) <= set(exact), "a continuation the target gives probability 0 was emitted"
     keys = list(exact)
     statistic, critical = chi_square(torch.tensor([counts.get(k, 0) for k in keys], dtype=torch.float64),
@@ -218,6 +221,22 @@ def test_method_samples_the_targets_joint_distribution(target, case, config, tmp
     assert statistic < critical, (statistic, critical)
     if CASES[case][0] not in ("vanilla", "pld", "lookahead"):  # the drafts were really tried: some steps accepted one
         assert max(accept_lengths) >= 2
+
+
+# The compiled engine (engine.compile=on): a chain drafted by a compiled draft model (SpS), static and dynamic trees
+# drafted by compiled EAGLE heads, a static tree of an eager drafter (Medusa), vanilla
+COMPILED_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_cases("eagle"),
+                     *shipped_cases("eagle2"), *shipped_cases("medusa")]
+
+
+@pytest.mark.parametrize("case", COMPILED_DRAFTERS)
+def test_the_compiled_engine_samples_the_targets_joint_distribution(target, case, tmp_path):
+    cfg = CONFIGS["top_k"]
+    drafter = make_drafter(case, target, cfg, tmp_path)
+    statistic, critical, accept_lengths = joint_test(target, drafter, cfg, 1200, compiled=True)
+    assert statistic < critical, (statistic, critical)
+    assert CASES[case][0] == "vanilla" or max(accept_lengths) >= 2
+    assert CASES[case][0] not in ("sps", "eagle", "eagle2") or drafter.network.compiled
 
 
 @pytest.mark.parametrize("case", TWIN_DRAFTERS)

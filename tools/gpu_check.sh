@@ -4,15 +4,16 @@
 #   DEVICE=cpu bash tools/gpu_check.sh           # (or: bash tools/gpu_check.sh cpu) a dry run on CPU with
 #                                                     # tiny settings (2 methods, 1 question per task, 8 tokens)
 # 1. environment facts (torch, transformers, CUDA, GPU name, driver), 2. our vanilla against transformers'
-# `generate` (batch 1 and 4), 3. every method (conf/method/*.yaml) on task=all task.limit=2 with SmolLM2, greedy,
-# in float16 with the float16 tie margin (model.tie_margin), 4. the batch sweep gen.batch_size=1,4,16 (vanilla,
+# `generate` (batch 1 and 4; batch 1 also compiled on both sides), 3. every method (conf/method/*.yaml) on task=all
+# task.limit=2 with SmolLM2, greedy, in float16 with the float16 tie margin (model.tie_margin), on the compiled engine
+# (engine.compile=on; COMPILE=off for the eager one), 4. the batch sweep gen.batch_size=1,4,16 (vanilla,
 # pld, eagle2; 18 questions), 5. step 3 for every larger conf/model entry whose weights are in the local Hugging
 # Face cache (as far as the time budget goes), 6. the reports (python -m bench.report on runs/ and sweep/) and a
 # summary: speedup, losslessness (exact or numeric tie), joules per token (NVML), NVML errors.
 # Everything goes to one folder, results/gpu_check-<date>/ (OUT_DIR=... to change it); log: gpu_check.log there.
 # Exit status 0: every method that ran matched vanilla (numeric ties aside) and none crashed; 1 otherwise.
 # Knobs (environment): DEVICE, DTYPE, TIE_MARGIN, METHODS, SWEEP_METHODS, BATCH_SIZES, LIMIT, SWEEP_LIMIT,
-# MAX_NEW_TOKENS, BUDGET_S (seconds after which optional stages are skipped; default 540).
+# MAX_NEW_TOKENS, COMPILE, BUDGET_S (seconds after which optional stages are skipped; default 540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # never wait on the network: use what is cached
@@ -72,6 +73,10 @@ if sys.argv[1] != "cpu" and not torch.cuda.is_available():
     sys.exit("error: torch sees no CUDA device; run DEVICE=cpu bash tools/gpu_check.sh for a dry run")
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || exit 2
+
+stage "compiled vanilla vs transformers generate over its static cache, compiled ($dtype, batch 1)"
+python -m studies.vs_transformers vanilla --compile --device "$device" --dtype "$dtype" "${generate_args[@]}" \
+  | tee -a "$out/vanilla_vs_generate.txt" || status=1
 
 stage "vanilla vs transformers generate ($dtype, batch 1 and 4)"
 for b in 1 4; do
@@ -140,7 +145,8 @@ every_method() {  # every_method <model>
   stage "every method on $1: task=all task.limit=$limit, $tokens tokens, $dtype${tie:+, tie margin $tie}"
   local ds="${SPECBENCH_CACHE:-$HOME/.cache/specbench}/datastores/$1-sharegpt-2000.idx"
   REST_OVERRIDES="$REST_OVERRIDES datastore.path=$ds" \
-    run_methods "$out/runs/$1" "$methods" model="$1" "${common[@]}" task.limit="$limit" || status=1
+    run_methods "$out/runs/$1" "$methods" model="$1" "${common[@]}" task.limit="$limit" \
+      engine.compile="${COMPILE:-on}" || status=1
 }
 
 every_method smollm2_135m
