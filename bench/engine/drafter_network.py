@@ -35,9 +35,6 @@ class EagerForward:
         self.forward = forward
         self.cache = new_cache()
 
-    def reset(self) -> None:
-        self.cache = new_cache()
-
     def for_new_turn(self) -> EagerForward:
         """An empty one of its own (a drafter copied per batch row gives each copy its cache)."""
         return EagerForward(self.forward)
@@ -51,11 +48,6 @@ class EagerForward:
         if surplus > 0:
             self.cache.crop(-surplus)
 
-    def prefill(self, rows: dict[str, torch.Tensor], **options) -> torch.Tensor:
-        """The prompt's rows into the emptied cache, eager; `options` go to the network's call (logits_to_keep)."""
-        self.reset()
-        return self.forward(cache=self.cache, position_ids=None, attention_mask=None, **rows, **options)
-
     def __call__(self, rows: dict[str, torch.Tensor], position_ids: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None, **options) -> torch.Tensor:
         """`options` go to the network's call (logits_to_keep: what a padded graph cannot take)."""
@@ -65,8 +57,8 @@ class EagerForward:
 
 class StaticForward:
     """The network compiled per bucket of rows over a StaticCache of `config`'s layers, reserved for a turn. A call's
-    dummy rows are dropped from `length` again; calls of more rows than the graphs made by `precompile` run eager over
-    the same cache (the prompt's, as the target's prefill)."""
+    dummy rows are dropped from `length` again; calls of more rows than the graphs made by `precompile` (the prompt's,
+    as the target's prefill) and calls with options run eager over the same cache."""
 
     compiled = True
 
@@ -101,18 +93,6 @@ class StaticForward:
         self.reset()
         return self
 
-    def prefill(self, rows: dict[str, torch.Tensor], **options) -> torch.Tensor:
-        """The prompt's rows into the emptied cache, eager, unpadded; `options` go to the network's call
-        (logits_to_keep)."""
-        self.reset()
-        count = next(iter(rows.values())).shape[1]
-        mask = self._mask(count, eager=True)
-        causal_block(mask[0, 0], 0, count)
-        positions = torch.arange(count, device=self.device)[None]
-        out = self.forward_eager(cache=self.cache, position_ids=positions, attention_mask=mask, **rows, **options)
-        self.cut_to(count)
-        return out
-
     def cut_to(self, length: int) -> None:
         self.length = length
         for layer in self.cache.layers:
@@ -135,21 +115,22 @@ class StaticForward:
 
     def _mask(self, bucket: int, eager: bool) -> torch.Tensor:
         """An additive mask [1, 1, bucket, capacity] that sees nothing: the bucket's buffer, or a new one (eager)."""
-        if eager or bucket not in self.masks:
-            mask = torch.empty(1, 1, bucket, self.capacity, dtype=self.dtype, device=self.device)
-            if eager:
-                return mask.fill_(torch.finfo(self.dtype).min)
-            self.masks[bucket] = mask
-        return self.masks[bucket].fill_(torch.finfo(self.dtype).min)
+        shape, nothing = (1, 1, bucket, self.capacity), torch.finfo(self.dtype).min
+        if eager:
+            return torch.full(shape, nothing, dtype=self.dtype, device=self.device)
+        if bucket not in self.masks:
+            self.masks[bucket] = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return self.masks[bucket].fill_(nothing)
 
     def __call__(self, rows: dict[str, torch.Tensor], position_ids: torch.Tensor | None = None,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, **options) -> torch.Tensor:
         """The network's output [1, T, ...] for the T rows after the cached ones: at `position_ids` [1, T] (None: the
-        next T positions) under the additive `mask` [T, length + T] (None: causal, every row sees the past)."""
+        next T positions) under the additive `mask` [T, length + T] (None: causal, every row sees the past). A call
+        with `options` for the network (logits_to_keep, which a padded graph cannot take) runs eager."""
         past, count = self.length, next(iter(rows.values())).shape[1]
         if past + count + BUCKETS[-1] > self.capacity:
             raise ValueError(f"{past + count} positions in a cache reserved for {self.capacity - BUCKETS[-1]}")
-        eager = count > self.largest
+        eager = count > self.largest or bool(options)
         bucket = count if eager else bucket_of(count)
         full = self._mask(bucket, eager)
         block = full[0, 0]
@@ -161,7 +142,7 @@ class StaticForward:
         positions = torch.arange(past, past + count, device=self.device)[None] if position_ids is None else \
             position_ids
         if eager:
-            out = self.forward_eager(cache=self.cache, position_ids=positions, attention_mask=full, **rows)
+            out = self.forward_eager(cache=self.cache, position_ids=positions, attention_mask=full, **rows, **options)
         else:
             padded = {}
             for name, value in rows.items():

@@ -42,11 +42,16 @@ def served_here(meta: dict) -> bool:
     return meta.get("backend") == "server" and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
+def machine_runs(metas: list[dict]) -> list[dict]:
+    """The runs that describe the machine: all but those against a server on it (all, if there are only those)."""
+    return [m for m in metas if not served_here(m)] or metas
+
+
 def machine_label(metas: list[dict], where: Path) -> str:
     """The one machine of a record's runs: their host label, where runs against a server on the same machine (our
     engine beside vLLM's, bench.parity.engines) take the label of the engine's runs beside them. Runs of several
     machines are refused: each machine's runs make a record of their own."""
-    own = [m for m in metas if not served_here(m)] or metas
+    own = machine_runs(metas)
     labels = sorted({host_label(m) for m in own})
     hosts = sorted({str(m.get("host")) for m in metas})
     if len(labels) > 1 or (len(own) < len(metas) and len(hosts) > 1):
@@ -60,13 +65,14 @@ def _joined(values) -> str:
     return ", ".join(sorted({str(v) for v in values if v is not None}))
 
 
-def record_meta(experiment: str, metas: list[dict], command: str) -> dict:
-    """meta.json of a record: the experiment, the machine, the software, the code, the dates and the commands."""
+def record_meta(experiment: str, metas: list[dict], command: str, label: str) -> dict:
+    """meta.json of a record of the machine `label` (machine_label): the experiment, the machine, the software, the
+    code, the dates and the commands."""
     dates = sorted(d for m in metas for d in (m.get("started"), m.get("finished")) if d)
-    own = [m for m in metas if not served_here(m)] or metas  # the machine's facts: its own runs'
+    own = machine_runs(metas)
     return {
         "experiment": experiment,
-        "host_label": machine_label(metas, Path(experiment)),
+        "host_label": label,
         "hosts": _joined(m.get("host") for m in metas),
         "device": _joined(m.get("device") for m in own),
         "device_name": _joined(m.get("device_name") for m in own),
@@ -95,10 +101,11 @@ def write_record(results_dir: Path, experiment: str, reference_dir: Path, comman
     board = leaderboard(runs)
     used = sorted({path for paths in board.runs for path in paths.split(";")})
     metas = [json.loads((Path(path) / "meta.json").read_text()) for path in used]
-    folder = Path(reference_dir) / experiment / machine_label(metas, results_dir)
+    label = machine_label(metas, results_dir)
+    folder = Path(reference_dir) / experiment / label
     folder.mkdir(parents=True, exist_ok=True)
     with_imports(board, None).drop(columns="setting").to_csv(folder / BOARD_FILE, index=False)
-    meta = record_meta(experiment, metas, command)
+    meta = record_meta(experiment, metas, command, label)
     (folder / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return folder
 

@@ -69,7 +69,7 @@ class DraftModelDrafter(Drafter):
         self.num_draft_tokens = self.initial_draft_tokens
         self._base = len(prompt_ids)  # the cache to keep should an update come before any proposal
         self.network = self.network.for_new_turn()  # a copy per batch row: a cache of its own
-        self.network.prefill({"input_ids": torch.tensor([prompt_ids], device=self.draft.device)}, logits_to_keep=1)
+        self.network({"input_ids": torch.tensor([prompt_ids], device=self.draft.device)}, logits_to_keep=1)
 
     def chain_length(self, context: list[int], max_tokens: int) -> int:
         """How many tokens this step drafts (a step adds accepted drafts + 1 bonus token); notes the context's
