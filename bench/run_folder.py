@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import method_identity
 from bench.errors import ConfigError
+from bench.settings import compile_choice
 
 SETTINGS_FILE = "settings.json"
 IDENTITY_KEYS = ("model", "gen", "seed", "task", "method", "device", "backend", "server", "engine")  # config parts
@@ -27,8 +28,8 @@ def settings_identity(config: dict) -> dict:
              "device": config.get("device"), "backend": config.get("backend", "engine")}
     if config.get("server"):
         parts["server"] = config["server"]
-    if (config.get("engine") or {}).get("compile", "off") != "off":  # compiled kernels round otherwise
-        parts["engine"] = config["engine"]
+    if compile_choice(config)[0]:  # compiled kernels round otherwise; auto's choice is the same run as on's or off's
+        parts["engine"] = {**config["engine"], "compile": "on"}
     return flatten(parts)
 
 

@@ -8,6 +8,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import method_label, sizing_of
 
+# engine.compile=auto compiles a batch-1 run whose answers may reach this many tokens. Making a side's graphs takes
+# seconds to a minute before timing and saves a share of every step (docs/running.md, "Compiled or eager"): shorter
+# runs would spend more time compiling than it saves them.
+COMPILE_FROM_TOKENS = 256
+
+
+def compile_choice(config) -> tuple[bool, str]:
+    """(compiled, why) for a composed config, live or meta.json's: engine.compile=on and off as asked; auto compiles a
+    batch-1 run whose answers may reach COMPILE_FROM_TOKENS tokens, and `why` says what it chose in one line."""
+    asked = (config.get("engine") or {}).get("compile", "off")
+    if asked != "auto":
+        return asked == "on", ""
+    gen = config["gen"]
+    if int(gen.get("batch_size", 1)) > 1:
+        return False, f"eager: the batched engine (gen.batch_size={gen['batch_size']}) runs eager"
+    tokens = int(gen["max_new_tokens"])
+    if tokens < COMPILE_FROM_TOKENS:
+        return False, (f"eager: answers of at most {tokens} tokens do not repay compiling, which takes tens of seconds "
+                       f"a side (engine.compile=on compiles anyway)")
+    return True, f"compiled: answers of up to {tokens} tokens repay compiling (engine.compile=off runs eager)"
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -96,7 +117,7 @@ class RunSettings:
     repeats: int = 1
     starvation_threshold: float = 0.75  # CPU share below which the run is starved
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
-    compiled: bool = False  # engine.compile=on: the batch-1 engine's compiled forwards (bench/engine/target.py)
+    compiled: bool = False  # engine.compile, as compile_choice decides: the batch-1 engine's compiled forwards
     tracking: str = "none"  # none | mlflow: the finished run logged to MLflow (bench/tracking.py)
     tracking_uri: str | None = None  # MLflow's tracking URI; None: ./mlruns
 
@@ -116,4 +137,4 @@ class RunSettings:
                                          "repeats", "starvation_threshold", "tracking", "tracking_uri")
                if key in cfg},
             **({"bootstrap": Bootstrap(**cfg.bootstrap)} if "bootstrap" in cfg else {}),
-            compiled=(cfg.get("engine") or {}).get("compile") == "on")
+            compiled=compile_choice(cfg)[0])

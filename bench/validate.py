@@ -10,7 +10,7 @@ from bench import SIZINGS
 from bench.errors import ConfigError
 from bench.knobs import knob_problems
 from bench.models import DTYPES
-from bench.settings import RunSettings
+from bench.settings import COMPILE_FROM_TOKENS, RunSettings
 from bench.tracking import MISSING, TRACKINGS, mlflow_installed
 from tasks.prompts import PROMPT_FORMATS
 
@@ -51,7 +51,9 @@ RULES = [
     ("device", _device, "auto, cpu, cuda, cuda:N or mps"),
     ("model.prompt_format", lambda v: v in PROMPT_FORMATS, "one of " + ", ".join(PROMPT_FORMATS)),
     ("method.sizing", lambda v: v in SIZINGS, " or ".join(SIZINGS)),
-    ("engine.compile", lambda v: v in ("off", "on"), "off or on (on: compiled forwards over a static cache)"),
+    ("engine.compile", lambda v: v in ("auto", "off", "on"),
+     f"auto, off or on (on: compiled forwards over a static cache; auto: on for answers of {COMPILE_FROM_TOKENS} "
+     f"tokens or more)"),
     ("gen.batch_size", lambda v: _integer(v) and 1 <= v <= MAX_BATCH_SIZE,
      f"an integer >= 1, at most {MAX_BATCH_SIZE} (a batch larger than the task's questions is cut to them)"),
     ("model.attn_implementation", lambda v: v in ATTENTION_IMPLEMENTATIONS,

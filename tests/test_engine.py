@@ -199,22 +199,70 @@ def test_caches_that_cannot_be_cut_back_are_refused(config, layer_type):
 
 
 def test_a_compiled_run_matches_vanilla_and_says_what_compiling_cost(compose, tmp_path, capsys, one_thread):
-    """engine.compile=on end to end (pld on the tiny model): both sides compiled before timing, lossless, the seconds
-    in meta.json and one line each; its folder and run key apart from the eager run's."""
+    """engine.compile=on end to end (pld on the tiny model): both sides compiled before timing, even with no warm-up,
+    lossless, the seconds in meta.json and one line each; its folder and run key apart from the eager run's."""
     import json
 
     from bench.measure.run import run
 
+    summary = run(compose("method=pld", "task=qa", "task.limit=2", "engine.compile=on", "warmup_tokens=0"))
+    assert summary.exact_match.tolist() == [1.0, 1.0]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["compile_seconds"] > 0 and meta["compiled"] and meta["config"]["engine"]["compile"] == "on"
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("engine.compile")]
+    assert [line.split("'s graphs")[0] for line in said] == ["engine.compile: the method", "engine.compile: "
+                                                                                           "the baseline"]
+    from bench.run_folder import settings_label
+
+    assert settings_label(compose("engine.compile=on")) != settings_label(compose("engine.compile=off"))
+
+
+def test_a_compiler_failure_runs_both_sides_eager_and_says_so(compose, tmp_path, capsys, monkeypatch, one_thread):
+    """Where torch.compile fails, the run goes on eager on both sides under eager's run key, with one warning line
+    that names the error and engine.compile=off; never a crash, never silently."""
+    import json
+
+    from bench.measure.run import run
+    from bench.run_folder import settings_label
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("InductorError: no kernel for this op\n(a long traceback)")
+
+    monkeypatch.setattr(CompiledTarget, "precompile", broken)
     summary = run(compose("method=pld", "task=qa", "task.limit=2", "engine.compile=on"))
     assert summary.exact_match.tolist() == [1.0, 1.0]
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
-    assert meta["compile_seconds"] > 0 and meta["config"]["engine"]["compile"] == "on"
-    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("engine.compile=on")]
-    assert [line.split("'s graphs")[0] for line in said] == ["engine.compile=on: the method", "engine.compile=on: "
-                                                                                              "the baseline"]
-    from bench.run_folder import settings_label
+    assert meta["compiled"] is False and meta["compile_seconds"] is None
+    warned = [line for line in capsys.readouterr().err.splitlines() if "compiling failed" in line]
+    assert warned == ["warning: engine.compile: compiling failed (RuntimeError: InductorError: no kernel for this op);"
+                      " both sides run eager (engine.compile=off skips compiling)"]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "answers.jsonl").read_text().splitlines()]
+    eager = tmp_path / "eager"
+    run(compose("method=pld", "task=qa", "task.limit=2", "engine.compile=off", f"out_dir={eager}"))
+    assert {row["run_key"] for row in rows} == {json.loads(line)["run_key"]
+                                                for line in (eager / "answers.jsonl").read_text().splitlines()}
+    assert settings_label(compose("engine.compile=on")) != settings_label(compose("engine.compile=off"))
 
-    assert settings_label(compose("engine.compile=on")) != settings_label(compose())
+
+@pytest.mark.parametrize(("overrides", "compiled", "said"), [
+    (("gen.max_new_tokens=128",), False, "eager: answers of at most 128 tokens do not repay compiling"),
+    (("gen.max_new_tokens=256",), True, "compiled: answers of up to 256 tokens repay compiling"),
+    (("gen.max_new_tokens=1024", "gen.batch_size=4"), False, "eager: the batched engine (gen.batch_size=4) runs eager"),
+    (("gen.max_new_tokens=16", "engine.compile=on"), True, ""),
+    (("gen.max_new_tokens=1024", "engine.compile=off"), False, ""),
+])
+def test_compile_auto_compiles_runs_long_enough_to_repay_it(compose, overrides, compiled, said):
+    """engine.compile=auto (the default) compiles a batch-1 run whose answers may reach COMPILE_FROM_TOKENS tokens,
+    saying why in one line, and is then the same run as on's (or off's): one folder, one run key."""
+    from bench.run_folder import settings_label
+    from bench.settings import compile_choice
+
+    cfg = compose("method=pld", *overrides)
+    choice, why = compile_choice(cfg)
+    assert choice is compiled and why.startswith(said) and "\n" not in why
+    if not any(o.startswith("engine.") for o in overrides):  # auto's: the same run as the choice it made
+        explicit = "engine.compile=on" if compiled else "engine.compile=off"
+        assert settings_label(cfg) == settings_label(compose("method=pld", *overrides, explicit))
 
 
 def test_compiled_batches_are_refused_in_one_line(compose):
@@ -223,7 +271,7 @@ def test_compiled_batches_are_refused_in_one_line(compose):
 
     with pytest.raises(ConfigError, match=r"^engine.compile=on: the batched engine \(gen.batch_size=2\) runs eager"):
         validate(compose("method=pld", "gen.batch_size=2", "engine.compile=on"))
-    with pytest.raises(ConfigError, match="^engine.compile=fast: must be off or on"):
+    with pytest.raises(ConfigError, match="^engine.compile=fast: must be auto, off or on"):
         validate(compose("method=pld", "engine.compile=fast"))
 
 

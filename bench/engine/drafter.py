@@ -50,7 +50,7 @@ class Drafter:
       the whole one (EAGLE-2's levels, SpS's chain); method.sizing=auto then prices drafting per size
       (bench/planning/policy.py).
 
-    Under engine.compile=on the engine calls `reserve` before each turn (and the harness `precompile` once, before
+    The compiled engine (engine.compile) calls `reserve` before each turn (and the harness `precompile` once, before
     timing): a drafter that runs a network then runs it compiled, as the target is
     (bench/engine/drafter_network.py's StaticForward).
     """
@@ -75,10 +75,10 @@ class Drafter:
         return None
 
     def reserve(self, positions: int) -> None:
-        """engine.compile=on: the turn about to start reaches at most `positions` positions (prompt and new tokens)."""
+        """The compiled engine's next turn reaches at most `positions` positions (prompt and new tokens)."""
 
     def precompile(self) -> None:
-        """engine.compile=on, after a reserve and before timing: make the graphs the drafter's steps run."""
+        """The compiled engine, after a reserve and before timing: make the graphs the drafter's steps run."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new turn begins after `prompt_ids` (with `hidden=` and `seed=` as declared above)."""

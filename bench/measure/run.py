@@ -19,7 +19,7 @@ from bench.measure.protocol import InterleavedRun
 from bench.models import load_model, load_tokenizer, resolve_device
 from bench.records import writing_folder
 from bench.run_folder import claim_folder
-from bench.settings import RunSettings
+from bench.settings import RunSettings, compile_choice
 from bench.validate import validate
 from tasks import load_questions
 from tasks.prompts import set_prompt_format
@@ -53,6 +53,10 @@ def run_in_folder(cfg: DictConfig, settings: RunSettings | None, started: float)
     questions = load_questions(cfg.task)  # before the model: a bad task file is refused at once
     model, tokenizer = load_model(cfg.model, device)
     engine = EngineBackend(settings, cfg, model, tokenizer, device, len(questions), warned)
+    why = compile_choice(cfg)[1]
+    if why:  # engine.compile=auto's choice
+        print(f"engine.compile=auto: {why}", file=sys.stderr)
+    engine.compile_for(questions)  # before the run's keys are read: a failed compile runs eager, under eager's keys
     return InterleavedRun(settings, engine, started).run(questions)
 
 

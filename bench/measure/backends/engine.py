@@ -33,16 +33,17 @@ SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s
                    "cpu_share"]  # printed at the end of a run; speedup with its interval
 
 
-def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter) -> KeyInputs:
-    """What decides an engine run's outputs: model, device, generation settings, seed, question source; for the
-    method also its config and its drafter's artifact (drafts' weights or datastore)."""
+def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter, compiled: bool) -> KeyInputs:
+    """What decides an engine run's outputs: model, device, generation settings, seed, question source, whether the
+    forwards are compiled; for the method also its config and its drafter's artifact (drafts' weights or
+    datastore)."""
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     if gen.get("batch_size") == 1:
         del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
     shared = {"model": OmegaConf.to_container(cfg.model, resolve=True), "device": str(device), "gen": gen,
               "seed": cfg.seed, "source": OmegaConf.to_container(cfg.task.source, resolve=True)}
-    if (cfg.get("engine") or {}).get("compile", "off") != "off":  # compiled kernels round otherwise than eager's
-        shared["engine"] = OmegaConf.to_container(cfg.engine, resolve=True)
+    if compiled:  # compiled kernels round otherwise than eager's
+        shared["engine"] = {**OmegaConf.to_container(cfg.engine, resolve=True), "compile": "on"}
     method = method_identity(OmegaConf.to_container(cfg.method))  # runs keep the keys they had before
     return KeyInputs(shared, method={"method": method, "artifact": None if drafter is None else drafter.artifact})
 
@@ -57,7 +58,6 @@ class EngineBackend(Backend):
         self.settings, self.cfg, self.model, self.tokenizer, self.device = settings, cfg, model, tokenizer, device
         self.start_warnings = start_warnings
         gen, method = settings.generation, settings.method
-        sampling = SamplingConfig(gen.temperature, gen.top_k, gen.top_p)
         self.stop = StopCondition(gen.max_new_tokens, frozenset(eos_token_ids(model, tokenizer)), gen.stop_strings,
                                   tokenizer)
         self.batch = gen.batch_size
@@ -66,22 +66,32 @@ class EngineBackend(Backend):
         planned = method.sizing == "auto"
         self.label, self.method_is_baseline = method.label, method.drafter is None
         self.context = context_window(model)
-        # first: refuses a model it cannot serve before any drafter setup
-        baseline_engine = SpeculativeEngine(model, None, sampling, compile=settings.compiled)
+        SpeculativeEngine(model)  # first: refuses a model it cannot serve before any drafter setup
         self.run_profile = profile_for_run(cfg, model, device, make=planned)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
         self.profile_uses = " and ".join(use for use, used in (("predicted_speedup", self.batch == 1),
                                                                ("method.sizing=auto", planned)) if used)
-        drafter = build_drafter(method.drafter, model, tokenizer, sampling)
         self.gpu = GpuMonitor(device)
         energy = self.gpu.energy_joules if self.gpu.energy_source else None  # joules per turn, where NVML can tell
-        parts = DecoderParts(tokenizer, self.stop, device, self.context, settings.repeats, energy)
-        self.decoders = dict(zip((METHOD, BASELINE), decoders(
-            model, drafter, sampling, self.run_profile if planned else None, self.batch, baseline_engine, parts,
-            settings.compiled)))
-        self.compile_seconds = None  # engine.compile=on: seconds compiling before the warm-up (precompile)
-        self.key_inputs = engine_key_inputs(cfg, device, self.decoders[METHOD].engine.drafter)
+        self.parts = DecoderParts(tokenizer, self.stop, device, self.context, settings.repeats, energy)
+        self.compiled = settings.compiled
+        self.decoders = self.build_decoders()
+        self.compile_seconds = None  # compiled: seconds compiling before anything is timed (compile_for)
         self._tie_judge = None  # loaded at the first divergence: model.tie_check_dtype's copy of the target
+
+    def build_decoders(self) -> dict:
+        """The method's and the baseline's question decoders, compiled or eager as `self.compiled` says."""
+        gen, method = self.settings.generation, self.settings.method
+        sampling = SamplingConfig(gen.temperature, gen.top_k, gen.top_p)
+        baseline_engine = SpeculativeEngine(self.model, None, sampling, compile=self.compiled)
+        drafter = build_drafter(method.drafter, self.model, self.tokenizer, sampling)
+        profile = self.run_profile if method.sizing == "auto" else None
+        return dict(zip((METHOD, BASELINE), decoders(self.model, drafter, sampling, profile, self.batch,
+                                                     baseline_engine, self.parts, self.compiled)))
+
+    @property
+    def key_inputs(self) -> KeyInputs:
+        return engine_key_inputs(self.cfg, self.device, self.decoders[METHOD].engine.drafter, self.compiled)
 
     def tie_judge(self):
         """The model that decides numeric ties: a copy of the target in model.tie_check_dtype, else the target."""
@@ -97,31 +107,47 @@ class EngineBackend(Backend):
         drafter that does not keep the warm-up's lesson (`learns_in_warm_up` false) is put back as it was."""
         drafter = self.decoders[side].engine.drafter
         before = None if drafter is None or drafter.learns_in_warm_up else drafter.learned_state()
-        self.precompile(side, todo)
         self.decode_warm_up(side, todo)
         if before is not None:
             drafter.restore_learned_state(before)
 
-    def precompile(self, side: str, todo: list[dict]) -> None:
-        """engine.compile=on: the side's cache sized for the run's longest turn and every verification graph made,
-        before anything is timed; the seconds go to meta.json (compile_seconds) and are said in one line."""
-        engine = self.decoders[side].engine
-        target = getattr(engine, "target", None)
-        if target is None or not target.compiled or not todo:
+    def compile_for(self, questions: list[dict]) -> None:
+        """Compiled: each side's cache sized for the task's longest turn and every graph its steps run made, before
+        anything is timed (the seconds go to meta.json's compile_seconds and are said in one line). Where the compiler
+        fails, both sides go on eager, said in one line."""
+        if not self.compiled or not questions:
             return
+        sides = (METHOD, BASELINE) if self.settings.baseline and not self.method_is_baseline else (METHOD,)
         started = time.perf_counter()
-        turns = [max(len(q["turns"]), 1) for q in todo]
+        try:
+            for side in sides:
+                self.precompile(side, questions)
+        except Exception as error:  # noqa: BLE001 (any compiler failure: the run goes on eager, said)
+            reason = (str(error).strip().splitlines() or [""])[0][:200]
+            print(f"warning: engine.compile: compiling failed ({type(error).__name__}: {reason}); both sides run "
+                  f"eager (engine.compile=off skips compiling)", file=sys.stderr)
+            self.compiled = False
+            self.decoders = self.build_decoders()
+            return
+        self.compile_seconds = time.perf_counter() - started
+
+    def precompile(self, side: str, questions: list[dict]) -> None:
+        """compile_for's work on one side."""
+        started = time.perf_counter()
+        engine = self.decoders[side].engine
+        target = engine.target
+        if not target.compiled:  # a model the compiled engine does not handle (said when its target was made)
+            return
+        per_turn = TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens
         target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
-                           + n * (TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens) for q, n in zip(todo, turns)))
+                           + max(len(q["turns"]), 1) * per_turn for q in questions))
         most = engine.drafter.most_nodes()  # vanilla: 0, it verifies one token a step
         largest = BUCKETS[-1] if most is None else min(1 + most, BUCKETS[-1])
         target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
         engine.drafter.reserve(target.capacity - BUCKETS[-1])
         engine.drafter.precompile()
-        seconds = time.perf_counter() - started
-        self.compile_seconds = (self.compile_seconds or 0.0) + seconds
-        print(f"engine.compile=on: the {side}'s graphs made in {seconds:.1f} s for a cache of {target.capacity} "
-              f"positions, before timing", file=sys.stderr)
+        print(f"engine.compile: the {side}'s graphs made in {time.perf_counter() - started:.1f} s for a cache of "
+              f"{target.capacity} positions, before timing", file=sys.stderr)
 
     def decode_warm_up(self, side: str, todo: list[dict]) -> None:
         """warm_up's decoding."""
@@ -162,6 +188,7 @@ class EngineBackend(Backend):
         meta = run_metadata(self.cfg, self.settings.model.dtype, self.device, started, self.gpu)
         learns = self.learns_across_prompts
         meta["drafter_learns_across_prompts"] = learns
+        meta["compiled"] = self.compiled
         meta["compile_seconds"] = None if self.compile_seconds is None else round(self.compile_seconds, 2)
         meta["warm_up"] = (f"the first question, all turns, {SPEC_BENCH_WARM_UPS} times (Spec-Bench's)" if learns
                            else f"{self.settings.warmup_tokens} tokens") if self.settings.warmup_tokens else None
