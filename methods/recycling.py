@@ -194,6 +194,9 @@ class RecyclingDrafter(Drafter):
             logits = self.lm_head(hidden[begin : begin + PREFILL_CHUNK])
             self.matrix.refresh(tokens[begin : begin + PREFILL_CHUNK], logits.to(self.matrix.table.device))
 
+    def most_nodes(self) -> int:
+        return len(self.template)
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         self.root = context[-1]
         if max_tokens <= 1:

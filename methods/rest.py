@@ -73,6 +73,9 @@ class RestDrafter(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         pass
 
+    def most_nodes(self) -> int:
+        return self.num_draft
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         length = min(self.draft_length, max_tokens - 1)
         if length < 1:

@@ -83,6 +83,11 @@ class SamdDrafter(Drafter):
         if self.learns_across_prompts:
             self.fallback.restore_learned_state(state)
 
+    def most_nodes(self) -> int | None:
+        """SAM's chain (n_predicts - 1 tokens) or the fallback's tree, whichever is larger."""
+        fallback = 0 if self.fallback is None else self.fallback.most_nodes()
+        return None if fallback is None else max(self.n_predicts - 1, fallback)
+
     def reserve(self, positions: int) -> None:
         if self.fallback is not None:
             self.fallback.reserve(positions)

@@ -42,7 +42,7 @@ def test_every_job_of_an_experiment_composes_and_passes_the_settings_check(name)
 def test_the_experiments_sweep_what_their_shell_scripts_did():
     assert len(jobs("batch_sweep")) == 2 * 2 * 4 and len(jobs("cost_model")) == 8 * 2
     shapes = [compose_config("+experiment=eagle2_grid", *job).out_dir for job in jobs("eagle2_grid")]
-    assert shapes == [f"results/eagle2_grid/eagle2-{shape}" for shape in
+    assert shapes == [f"results/runs/eagle2_grid/eagle2-{shape}" for shape in
                       ("6-2-2", "8-2-2", "8-3-2", "8-4-2", "12-3-3", "16-4-4")]
     methods = {path.stem for path in (CONF_DIR / "method").glob("*.yaml")} - {"vanilla"}
     temperature = jobs("temperature")

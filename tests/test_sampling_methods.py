@@ -252,3 +252,29 @@ def test_exact_joint_is_a_distribution(target):
         assert sum(exact_joint(target, cfg).values()) == pytest.approx(1.0, abs=1e-6)  # float32 probabilities
     assert len(exact_joint(target, CONFIGS["top_k"])) <= 4 ** NEW
     assert all(len(s) == NEW for s in itertools.islice(exact_joint(target, CONFIGS["t1"]), 5))
+
+
+# Drafters whose trees have no bound known ahead (the compiled engine then makes every bucket's graph): Lookahead's
+# window and pool, adaptive SpS's growing γ.
+UNBOUNDED = {"lookahead", "sps"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_tree_outgrows_the_drafters_most_nodes(case, target, tmp_path):
+    """most_nodes bounds every tree a drafter proposes, its auxiliary inputs included: the compiled engine makes its
+    graphs up to that size only, before timing, so a larger tree would compile while timed."""
+    method = CASES[case][0]
+    drafter = make_drafter(case, target, SamplingConfig(), tmp_path)
+    most, sizes, propose = drafter.most_nodes(), [], drafter.propose
+
+    def recording(context, max_tokens):
+        tree = propose(context, max_tokens)
+        if tree is not None:
+            sizes.append(len(tree) + len(tree.aux_tokens))
+        return tree
+
+    drafter.propose = recording
+    SpeculativeEngine(target, drafter).generate(PROMPT * 3, StopCondition(24))
+    assert sizes or method == "vanilla"
+    assert most is not None or method in UNBOUNDED
+    assert most is None or max(sizes, default=0) <= most

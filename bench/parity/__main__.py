@@ -3,13 +3,15 @@ beside the reference implementation, through one protocol (bench/parity/protocol
 prompt ids, greedily in float32, and each row gives both #MATs (tokens per target forward, the prefill included),
 their relative difference and whether the tokens are equal (else the first divergence, and whether our target calls
 it a numeric tie); notes (per-position acceptance, drafts compared step by step) are printed under the table. The
-rows go to results/parity/<model>/parity.csv, replacing the rows of the methods run. The reference code runs in side
+rows go to the committed record results/reference/parity/<model>/parity.csv, replacing the rows of the methods run;
+docs/parity.md's tables are generated from it (`python -m bench.report --docs`). The reference code runs in side
 environments made once in $SPECBENCH_CACHE (docs/parity.md); run it as `OMP_NUM_THREADS=1 python -m bench.parity`."""
 from __future__ import annotations
 
 import argparse
 import ast
 import csv
+import datetime
 import importlib
 import os
 import sys
@@ -19,8 +21,9 @@ from pathlib import Path
 from bench.artifacts import PROJECT_ROOT
 
 METHODS = Path(__file__).with_name("methods")
-COLUMNS = ("parity_file", "method", "settings", "prompts", "max_new_tokens", "our_mat", "upstream_mat", "difference",
-           "tokens_equal", "divergence_prompt", "divergence_token", "numeric_tie", "tie_distance", "notes")
+COLUMNS = ("parity_file", "method", "settings", "questions", "prompts", "max_new_tokens", "our_mat", "upstream_mat",
+           "difference", "tokens_equal", "divergence_prompt", "divergence_token", "numeric_tie", "tie_distance",
+           "notes", "date")
 
 
 def parity_files() -> dict[str, str]:
@@ -47,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--checkout", action="append", default=[], metavar="NAME=DIR",
                         help="an upstream checkout elsewhere than its default: spec-bench, PARD, redrafter, fms-extras")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "parity")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "results" / "reference" / "parity",
+                        help="the record's folder (its <model>/parity.csv)")
     return parser.parse_args(argv)
 
 
@@ -72,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [(method, row) for method in methods for row in
                 importlib.import_module(f"bench.parity.methods.{method}").comparisons(setup, Path(tmp) / method)]
-    records = [{"parity_file": method, "max_new_tokens": args.max_new_tokens, **row.record(setup)}
-               for method, row in rows]
+    made = {"questions": args.questions, "max_new_tokens": args.max_new_tokens, "date": str(datetime.date.today())}
+    records = [{"parity_file": method, **made, **row.record(setup)} for method, row in rows]
     print(f"{len(setup.prompts)} prompts (MT-bench {args.questions}, both turns), {args.max_new_tokens} new tokens, "
           f"greedy, float32, {args.model}")
     print("| method | settings | our #MAT | upstream #MAT | difference | tokens equal |")

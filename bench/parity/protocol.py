@@ -108,7 +108,7 @@ class Comparison:
                                setup.model_cfg.tie_margin if setup else 0.0)
 
     def record(self, setup: Setup | None = None) -> dict:
-        """The row as a record (results/parity/<model>/parity.csv)."""
+        """The row as a record (results/reference/parity/<model>/parity.csv)."""
         ours, theirs = self.mats()
         found = self.divergence(setup) or {}
         return {"method": self.method, "settings": self.settings, "prompts": len(self.ours),

@@ -8,9 +8,11 @@
 Attributes: `experiment` (required); `host` (the record's machine label; may be left out while the experiment has
 one record); `view`: `leaderboard` (Spec-Bench's table, as leaderboard.md has it), `acceptance` (acceptance by draft
 position) or `cost` (where the time goes, predicted speedup); `allow-missing`: while the record is still to be made,
-the block holds a one-line placeholder and `--check` reports it without failing. `python -m bench.report --docs
---check` rewrites nothing and exits 1 with one line per block that differs from its record or whose record is
-missing. Text outside the blocks is never touched; markers inside ``` fences are text.
+the block holds a one-line placeholder and `--check` reports it without failing. `experiment=parity` reads
+bench.parity's record instead (bench/report/parity_record.py): `methods=a,b` its rows of those parity files, `model`
+the model's record. `python -m bench.report --docs --check` rewrites nothing and exits 1 with one line per block that
+differs from its record or whose record is missing. Text outside the blocks is never touched; markers inside ```
+fences are text.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
 from bench.errors import ConfigError
+from bench.report.parity_record import PARITY, parity_caption, parity_folder, parity_markdown, read_parity
 from bench.report.reference import BOARD_FILE, read_record
 from bench.report.tables import acceptance_table, acceptance_text, cost_table, leaderboard_markdown, markdown, rank_note
 
@@ -38,7 +41,7 @@ def _acceptance(board: pd.DataFrame) -> str:
 
 VIEWS = {"leaderboard": leaderboard_markdown, "acceptance": _acceptance,
          "cost": lambda board: markdown(cost_table(board))}
-ATTRIBUTES = {"experiment", "host", "view", "allow-missing"}
+ATTRIBUTES = {"experiment", "host", "view", "allow-missing", "methods", "model"}
 
 
 @dataclass
@@ -137,6 +140,8 @@ MADE_BY = {"cross_engine": "python -m bench.parity.engines --k 3 --heads eagle3,
 
 def how_to_make(experiment: str) -> str:
     """The commands that make an experiment's record (its runs go to results/runs/<experiment>/)."""
+    if experiment == PARITY:
+        return f"run `OMP_NUM_THREADS=1 python -m bench.parity`, then `{FIX}`"
     run = (f"`{MADE_BY[experiment]}` on a quiet machine" if experiment in MADE_BY else
            f"`python -m bench +experiment={experiment} -m` on a quiet machine (conf/experiment/{experiment}.yaml lists "
            f"every command)")
@@ -148,8 +153,21 @@ def placeholder(attributes: dict[str, str]) -> str:
     return f"*No record yet: {how_to_make(attributes['experiment'])}.*"
 
 
+def render_parity(block: Block, reference_dir: Path) -> tuple[str, Path | None]:
+    """An `experiment=parity` block: bench.parity's rows of its `methods` (every method when none are named)."""
+    folder = parity_folder(reference_dir, block.attributes.get("model"))
+    wanted = block.attributes.get("methods")
+    rows = [] if folder is None else [r for r in read_parity(folder) if wanted is None
+                                      or r["parity_file"] in wanted.split(",")]
+    if not rows:
+        return f"\n{placeholder(block.attributes)}\n", None
+    return f"\n{parity_caption(folder, rows, FIX, shown_path(folder))}\n\n{parity_markdown(rows)}\n", folder
+
+
 def render(block: Block, reference_dir: Path) -> tuple[str, Path | None]:
     """A block's content from its record, and the record's folder (None, and a placeholder, where it is missing)."""
+    if block.attributes["experiment"] == PARITY:
+        return render_parity(block, reference_dir)
     folder = record_folder(block.attributes, reference_dir)
     if folder is None:
         return f"\n{placeholder(block.attributes)}\n", None

@@ -61,6 +61,9 @@ class DFlashDrafter(Drafter):
         self.context_len += len(self.pending)
         self.pending = self.pending[:0]
 
+    def most_nodes(self) -> int:
+        return self.block_size - 1
+
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         drafts = min(self.block_size, max_tokens) - 1  # a step adds the accepted drafts + the target's next token

@@ -67,6 +67,9 @@ class HydraDrafter(LastFeatureDrafter):
             node = self.template.parents[node]
         return path[::-1]
 
+    def most_nodes(self) -> int:
+        return len(self.template)
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         return self.propose_first(context, max_tokens, len(self.template))
 

@@ -30,6 +30,9 @@ class MedusaDrafter(LastFeatureDrafter):
         self.node_heads, self.node_ranks = node_heads.to(device), node_ranks.to(device)
         self.templates = {}
 
+    def most_nodes(self) -> int:
+        return len(self.template)
+
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         """The static tree with this step's candidates, left on the device: the engine reads them back with its
         acceptance copy, so drafting makes no host sync."""

@@ -49,6 +49,10 @@ class MLPSpeculatorDrafter(LastFeatureDrafter):
                              f"{self.n_predict} entries; set method.drafter.top_k_tokens_per_head")
         self.n_candidates = n_candidates or self.stages.candidates["n_candidates"]
 
+    def most_nodes(self) -> int:
+        """n_candidates sequences of n_predict tokens, shared prefixes merged."""
+        return self.n_candidates * self.n_predict
+
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         if max_tokens <= 1:

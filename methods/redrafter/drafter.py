@@ -41,6 +41,10 @@ class ReDrafterDrafter(LastFeatureDrafter):
         self.drafter, self.vocab, self.artifact = heads_or_checkpoint(heads, vocab, checkpoint, target, load_redrafter)
         self.beam_width, self.beam_length = beam_width, beam_length
 
+    def most_nodes(self) -> int:
+        """beam_width beams of beam_length - 1 drafted tokens, shared prefixes merged."""
+        return self.beam_width * (self.beam_length - 1)
+
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
         if max_tokens <= 1:
