@@ -8,6 +8,7 @@ from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from methods.eagle import dynamic, static
 from methods.eagle3 import drafter as eagle3
+from methods.pard import drafter as pard
 from methods.sps import drafter as sps
 from tests.conftest import vanilla_tokens
 
@@ -17,6 +18,7 @@ DRAFTERS = {  # a tree of several levels and widths (1, 4 and more rows a head f
     "eagle2": (dynamic.tiny_drafter, {"total_token": 12, "depth": 3, "top_k": 3}),
     "eagle3": (eagle3.tiny_drafter, {"total_token": 4, "depth": 2, "top_k": 1}),
     "sps": (sps.tiny_drafter, {"num_draft_tokens": 3, "adaptive": True}),
+    "pard": (pard.tiny_drafter, {"num_draft_tokens": 3}),  # K - 1 masks and the accepted tokens in one forward
 }
 
 

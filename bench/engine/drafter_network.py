@@ -58,7 +58,7 @@ class EagerForward:
 class StaticForward:
     """The network compiled per bucket of rows over a StaticCache of `config`'s layers, reserved for a turn. A call's
     dummy rows are dropped from `length` again; calls of more rows than the graphs made by `precompile` (the prompt's,
-    as the target's prefill) and calls with options run eager over the same cache."""
+    as the target's prefill) and calls with options other than logits_to_keep run eager over the same cache."""
 
     compiled = True
 
@@ -125,12 +125,13 @@ class StaticForward:
     def __call__(self, rows: dict[str, torch.Tensor], position_ids: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None, **options) -> torch.Tensor:
         """The network's output [1, T, ...] for the T rows after the cached ones: at `position_ids` [1, T] (None: the
-        next T positions) under the additive `mask` [T, length + T] (None: causal, every row sees the past). A call
-        with `options` for the network (logits_to_keep, which a padded graph cannot take) runs eager."""
+        next T positions) under the additive `mask` [T, length + T] (None: causal, every row sees the past). Other
+        `options` for the network run it eager; `logits_to_keep=n` (the last n rows' output) a graph takes by
+        computing every row's, sliced after it."""
         past, count = self.length, next(iter(rows.values())).shape[1]
         if past + count + BUCKETS[-1] > self.capacity:
             raise ValueError(f"{past + count} positions in a cache reserved for {self.capacity - BUCKETS[-1]}")
-        eager = count > self.largest or bool(options)
+        eager = count > self.largest or bool(set(options) - {"logits_to_keep"})
         bucket = count if eager else bucket_of(count)
         full = self._mask(bucket, eager)
         block = full[0, 0]
@@ -153,5 +154,6 @@ class StaticForward:
             position_buffer[:, count:] = past
             out = call_compiled(self.forward_compiled, bucket, past + bucket, cache=self.cache,
                                 position_ids=position_buffer, attention_mask=full, **padded)
+            out = out[:, :count][:, count - options.get("logits_to_keep", count):]
         self.cut_to(past + count)
-        return out[:, :count]
+        return out

@@ -9,8 +9,6 @@ accepted tokens and the target's own token.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from bench.engine.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample
@@ -35,15 +33,12 @@ class ParallelDraftDrafter(DraftModelDrafter):
                          seed=seed, draft_model=draft_model, train_command=train_command)
         self.mask_token_id = parallel_token(self.draft.config, draft_path or "the draft model", train_command)
 
-    def reserve(self, positions: int) -> None:
-        """Runs eager under engine.compile=on too (its forward keeps K rows' logits, which a padded graph does not
-        take yet), said once."""
-        if not getattr(self, "said_eager", False):
-            print("note: engine.compile=on: PARD's draft model runs eager", file=sys.stderr)
-            self.said_eager = True
-
+    @torch.inference_mode()
     def precompile(self) -> None:
-        pass
+        """The draft's graphs for a step's forward: the tokens accepted since the last one (at most K + 1) and K - 1
+        masks."""
+        self.network.precompile({"input_ids": torch.zeros(1, 1, dtype=torch.long, device=self.draft.device)},
+                                2 * self.initial_draft_tokens)
 
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> DraftTree | None:
