@@ -1,7 +1,9 @@
 """docs/layout.md's "adding a method" is true: a throwaway method added as it says (one folder methods/<name>/ with a
 drafter, one YAML conf/method/<name>.yaml, one parity file bench/parity/methods/<name>.py), in a copy of the project
 and with no other file touched, is in the smoke list, is one of the sampling test's cases, is on `python -m
-bench.parity --list`, runs lossless on SmolLM2 and is in the report's leaderboard."""
+bench.parity --list`, runs lossless on SmolLM2 and is in the report's leaderboard; one with weights (its training
+recipe beside its drafter, conf/train/<name>.yaml, conf/method_model/<name>/<model>.yaml) trains them with `python -m
+bench.train` and drafts with them."""
 from __future__ import annotations
 
 import csv
@@ -63,17 +65,118 @@ def comparisons(setup, work):
 ADDED = {f"methods/{NAME}/__init__.py": "", f"methods/{NAME}/drafter.py": DRAFTER, f"conf/method/{NAME}.yaml": CONFIG,
          f"bench/parity/methods/{NAME}.py": PARITY}
 
+# A throwaway method with weights to train: its folder also holds the training recipe, conf/train/ its training
+# settings, conf/method_model/ where its checkpoint is for the model (docs/layout.md's list, every place).
+HEAD = "throwaway_head"
+HEAD_RECIPE = f'''"""A throwaway recipe: a linear layer on the target's last feature guesses the token after next."""
+from torch import nn
+
+
+class NextNextHead(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, hidden_size)
+
+    def logits(self, hidden, vocab):
+        return vocab(self.proj(hidden))
+
+
+class NextNextRecipe:
+    method = "{HEAD}"
+
+    def build(self, target, tcfg):
+        return NextNextHead(target.get_output_embeddings().weight.shape[1])
+
+    def loss(self, module, vocab, batch, target):
+        keep = batch.mask[:, 1:]
+        targets = vocab.slice_positions(batch.labels[:, 1:][keep])
+        logits = module.logits(batch.hidden[:, :-1][keep], vocab)
+        return nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100), [(logits.detach(), targets)]
+
+    def checkpoint_config(self, module, tcfg):
+        return {{}}
+'''
+HEAD_DRAFTER = f'''"""A throwaway method with a trained head: a chain of one draft, the head's guess."""
+import torch
+
+from bench.artifacts import artifact_fingerprint
+from bench.engine.tree import DraftTree
+from methods.heads.common import LastFeatureDrafter, checkpoint_folder
+from methods.heads.saved import load_saved_heads
+from methods.{HEAD}.train import NextNextHead
+
+
+class NextNextDrafter(LastFeatureDrafter):
+    def __init__(self, target, tokenizer=None, checkpoint: str = ""):
+        folder = checkpoint_folder(checkpoint, "{HEAD}")
+        lm_head = target.get_output_embeddings()
+        head, self.vocab = load_saved_heads(folder, "{HEAD}", lambda config: NextNextHead(lm_head.weight.shape[1]),
+                                            lm_head, "python -m bench.train method={HEAD}")
+        self.head, self.artifact = head.to(target.device, target.dtype).eval(), artifact_fingerprint(folder)
+
+    def most_nodes(self):
+        return 1
+
+    @torch.inference_mode()
+    def propose(self, context, max_tokens):
+        if max_tokens <= 1:
+            return None
+        position = self.head.logits(self.hidden, self.vocab).argmax(-1)
+        return DraftTree.chain([int(self.vocab.to_token_ids(position))])
+'''
+HEAD_CONFIG = f'''defaults:
+  - shared/speculation@_here_
+  - _self_
+name: {HEAD}
+drafter:
+  _target_: methods.{HEAD}.drafter.NextNextDrafter
+  checkpoint: null
+'''
+HEAD_MODEL_CONFIG = f'''# @package method
+drafter:
+  checkpoint: artifacts/{HEAD}/smollm2_135m
+'''
+HEAD_TRAIN_CONFIG = f'''# A throwaway method's training (tests/test_new_method.py).
+recipe:
+  _target_: methods.{HEAD}.train.NextNextRecipe
+draft_vocab_size: 8192
+lr: 1.0e-3
+betas: [0.9, 0.999]
+weight_decay: 0.0
+warmup_steps: 1
+grad_clip: 1.0
+batch_size: 8
+max_steps: 4
+minutes: 5
+max_minutes: null
+dtype: auto
+eval_every: 1000
+checkpoint_minutes: 2
+resume: false
+checkpoint: ${{oc.env:SPECBENCH_CACHE,'~/.cache/specbench'}}/train/${{model.name}}-{HEAD}.pt
+out_dir: ${{method.drafter.checkpoint}}
+'''
+ADDED_WITH_HEAD = {**ADDED, f"methods/{HEAD}/__init__.py": "", f"methods/{HEAD}/drafter.py": HEAD_DRAFTER,
+                   f"methods/{HEAD}/train.py": HEAD_RECIPE, f"conf/method/{HEAD}.yaml": HEAD_CONFIG,
+                   f"conf/method_model/{HEAD}/smollm2_135m.yaml": HEAD_MODEL_CONFIG,
+                   f"conf/train/{HEAD}.yaml": HEAD_TRAIN_CONFIG,
+                   f"bench/parity/methods/{HEAD}.py": PARITY.replace(NAME, HEAD)}
+
+
+def project_copy(root: Path, added: dict[str, str]) -> Path:
+    """A copy of the project's code and configs at `root` with `added` written, and nothing else changed."""
+    for folder in COPIED:
+        shutil.copytree(PROJECT_ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in added.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
 
 @pytest.fixture
 def project(tmp_path) -> Path:
     """A copy of the project's code and configs with the throwaway method added, and nothing else changed."""
-    root = tmp_path / "project"
-    for folder in COPIED:
-        shutil.copytree(PROJECT_ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for path, text in ADDED.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text)
-    return root
+    return project_copy(tmp_path / "project", ADDED)
 
 
 def changed_files(root: Path) -> set[str]:
@@ -135,3 +238,24 @@ def test_a_new_methods_parity_file_runs_through_the_protocol_into_a_record(proje
     assert (row["parity_file"], row["method"], row["prompts"], row["tokens_equal"]) == (NAME, NAME, "2", "True")
     assert float(row["our_mat"]) == float(row["upstream_mat"]) >= 1.0  # both sides ours: the same tokens and steps
     assert changed_files(project) == set(ADDED)
+
+
+@pytest.mark.real_model
+def test_a_new_method_with_weights_trains_them_and_drafts_with_them(tmp_path):
+    """A method with a head: its recipe beside its drafter, its training settings in conf/train/, its checkpoint's
+    place for the model in conf/method_model/. `python -m bench.train` trains it (a few steps on a small feature
+    cache) into a checkpoint with its card, and `python -m bench` drafts with that checkpoint, lossless."""
+    root = project_copy(tmp_path / "project", ADDED_WITH_HEAD)
+    head, run = tmp_path / "head", tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "bench.train", f"method={HEAD}", f"method.drafter.checkpoint={head}",
+                    f"features.dir={tmp_path / 'features'}", "features.num_sequences=64", "features.seq_len=64",
+                    f"train.checkpoint={tmp_path / 'resume.pt'}"], cwd=root, check=True, capture_output=True,
+                   text=True)
+    card = json.loads((head / "card.json").read_text())
+    assert card["steps"] == 4 and (head / "model.safetensors").is_file()
+    subprocess.run([sys.executable, "-m", "bench", f"method={HEAD}", "model=smollm2_135m", "task=mt_bench",
+                    "task.limit=1", "gen.max_new_tokens=16", f"method.drafter.checkpoint={head}", f"out_dir={run}"],
+                   cwd=root, check=True, capture_output=True, text=True)
+    [answer] = [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines()]
+    assert answer["exact_match"] is True and answer["method"] == HEAD
+    assert changed_files(root) == set(ADDED_WITH_HEAD)
