@@ -117,9 +117,11 @@ def test_run_keys_are_those_before_the_rename(batch, sizing):
 
 
 def test_the_default_composed_config_keeps_its_run_key():
-    """The method key of `method=pld` hashes what the code before the rename hashed: the method config with
-    budget=upstream and without batch_policy."""
-    cfg = compose_config("method=pld")
+    """The method key of `method=pld` (eager) hashes what the code before the rename hashed: the method config with
+    budget=upstream and without batch_policy. engine.compile=auto's run at 1024 tokens is the compiled run."""
+    assert run_keys(engine_key_inputs(compose_config("method=pld"), CPU, None)) == run_keys(
+        engine_key_inputs(compose_config("method=pld", "engine.compile=on"), CPU, None))
+    cfg = compose_config("method=pld", "engine.compile=off")
     method = OmegaConf.to_container(cfg.method)
     before = {**{k: v for k, v in method.items() if k not in ("sizing", "budget", "batch_policy")},
               "budget": "upstream"}

@@ -23,7 +23,7 @@ from bench.measure.protocol import BASELINE, METHOD, Backend, KeyInputs
 from bench.measure.provenance import run_metadata, starvation_facts
 from bench.models import context_window, eos_token_ids, load_check_model
 from bench.planning.profile import profile_for_run, profile_note, profile_origin, setting_command
-from bench.settings import RunSettings
+from bench.settings import RunSettings, compile_choice
 from tasks.prompts import build_prompt
 
 TEMPLATE_TOKENS_PER_TURN = 32  # a chat template's tokens around a turn, at most (a compiled run sizes its cache by it)
@@ -33,10 +33,12 @@ SUMMARY_COLUMNS = ["task", "n_questions", "tokens_per_s", "baseline_tokens_per_s
                    "cpu_share"]  # printed at the end of a run; speedup with its interval
 
 
-def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter, compiled: bool) -> KeyInputs:
+def engine_key_inputs(cfg: DictConfig, device: torch.device, drafter, compiled: bool | None = None) -> KeyInputs:
     """What decides an engine run's outputs: model, device, generation settings, seed, question source, whether the
-    forwards are compiled; for the method also its config and its drafter's artifact (drafts' weights or
-    datastore)."""
+    forwards are compiled (None: as engine.compile decides for `cfg`); for the method also its config and its
+    drafter's artifact (drafts' weights or datastore)."""
+    if compiled is None:
+        compiled = compile_choice(cfg)[0]
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     if gen.get("batch_size") == 1:
         del gen["batch_size"]  # batch-1 runs keep the keys they had before batching existed
