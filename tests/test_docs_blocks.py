@@ -242,7 +242,7 @@ def test_parity_blocks_render_bench_parity_s_rows_of_their_methods(tmp_path, cap
         "| method | settings | our #MAT | upstream #MAT | difference | tokens equal |",
         "| --- | --- | --- | --- | --- | --- |",
         "| suffix | a chain | 1.300 | 1.250 | +4.0% | no: prompt 1, token 7 (numeric tie) |", "",
-        "- suffix, a chain: drafts equal 190 of 193 steps", "- suffix, a chain: one more note", "", ""]
+        "- drafts equal 190 of 193 steps", "- one more note", "", ""]
     assert docs(tmp_path, "--check") == 0
     capsys.readouterr()
     (tmp_path / "doc.md").write_text(BEFORE + block("experiment=parity methods=eagle3") + AFTER)

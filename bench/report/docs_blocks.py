@@ -24,7 +24,14 @@ import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
 from bench.errors import ConfigError
-from bench.report.parity_record import PARITY, parity_caption, parity_folder, parity_markdown, read_parity
+from bench.report.parity_record import (
+    PARITY,
+    PARITY_FILE,
+    parity_caption,
+    parity_folder,
+    parity_markdown,
+    read_parity,
+)
 from bench.report.reference import BOARD_FILE, read_record
 from bench.report.tables import acceptance_table, acceptance_text, cost_table, leaderboard_markdown, markdown, rank_note
 
@@ -188,8 +195,10 @@ def update_file(path: Path, reference_dir: Path, check: bool) -> tuple[list[str]
         where = f"{file}:{block.line}: block {block.name}"
         allowed, experiment = "allow-missing" in block.attributes, block.attributes["experiment"]
         if folder is None:
-            missing = (f"{where}: no record {shown_path(Path(reference_dir) / experiment)}/"
-                       f"{block.attributes.get('host', '<host>')}/ (make it: {how_to_make(experiment)})")
+            root, named = shown_path(Path(reference_dir) / experiment), block.attributes.get
+            record = (f"rows of {named('methods', 'any method')} in {root}/{named('model', '<model>')}/{PARITY_FILE}"
+                      if experiment == PARITY else f"record {root}/{named('host', '<host>')}/")
+            missing = f"{where}: no {record} (make it: {how_to_make(experiment)})"
             (notes if allowed else problems).append(missing)
         if check and lines[block.start:block.end] != content.split("\n") and (folder or allowed):
             problems.append(f"{where} differs from {shown_path(folder) if folder else 'its placeholder'}: run {FIX}")

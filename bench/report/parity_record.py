@@ -39,7 +39,7 @@ def parity_markdown(rows: list[dict]) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['method']} | {r['settings']} | {float(r['our_mat']):.3f} | {float(r['upstream_mat']):.3f} | "
               f"{float(r['difference']):+.1%} | {tokens_equal(r)} |" for r in rows]
-    notes = [f"- {r['method']}, {r['settings']}: {note}" for r in rows for note in r["notes"].split(" | ") if note]
+    notes = [f"- {note}" for r in rows for note in r["notes"].split(" | ") if note]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
