@@ -7,7 +7,8 @@
 
 Attributes: `experiment` (required); `host` (the record's machine label; may be left out while the experiment has
 one record); `view`: `leaderboard` (Spec-Bench's table, as leaderboard.md has it), `acceptance` (acceptance by draft
-position) or `cost` (where the time goes, predicted speedup); `allow-missing`: while the record is still to be made,
+position), `cost` (where the time goes, predicted speedup) or `buckets` (speedup and #MAT per input-length bucket,
+long inputs); `allow-missing`: while the record is still to be made,
 the block holds a one-line placeholder and `--check` reports it without failing. `experiment=parity` reads
 bench.parity's record instead (bench/report/parity_record.py): `methods=a,b` its rows of those parity files, `model`
 the model's record. `python -m bench.report --docs --check` rewrites nothing and exits 1 with one line per block that
@@ -33,6 +34,7 @@ from bench.report.parity_record import (
     read_parity,
 )
 from bench.report.reference import BOARD_FILE, read_record
+from bench.report.regimes import bucket_table, bucket_text
 from bench.report.tables import acceptance_table, acceptance_text, cost_table, leaderboard_markdown, markdown, rank_note
 
 OPEN = re.compile(r"<!-- specbench:table (?P<attributes>[^>]*?) ?-->")
@@ -47,7 +49,8 @@ def _acceptance(board: pd.DataFrame) -> str:
 
 
 VIEWS = {"leaderboard": leaderboard_markdown, "acceptance": _acceptance,
-         "cost": lambda board: markdown(cost_table(board))}
+         "cost": lambda board: markdown(cost_table(board)),
+         "buckets": lambda board: markdown(bucket_text(bucket_table(board)))}
 ATTRIBUTES = {"experiment", "host", "view", "allow-missing", "methods", "model"}
 
 
