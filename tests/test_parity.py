@@ -239,7 +239,8 @@ def test_records_replace_the_rows_of_the_methods_run_and_keep_the_others(tmp_pat
     write_records(path, first, {"pard", "samd"})
     write_records(path, [{"parity_file": "pard", "method": "pard", "settings": "K=12"}], {"pard"})
     lines = path.read_text().splitlines()
-    assert lines[0].startswith("parity_file,method,settings,prompts,max_new_tokens,our_mat,upstream_mat")
+    assert lines[0].startswith("parity_file,method,settings,questions,prompts,max_new_tokens,our_mat,upstream_mat")
+    assert lines[0].endswith(",notes,date")
     assert [line.split(",")[:3] for line in lines[1:]] == [["samd", "samd[eagle2]", "x"], ["pard", "pard", "K=12"]]
 
 
