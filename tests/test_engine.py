@@ -244,6 +244,21 @@ def test_a_compiler_failure_runs_both_sides_eager_and_says_so(compose, tmp_path,
     assert settings_label(compose("engine.compile=on")) != settings_label(compose("engine.compile=off"))
 
 
+def test_trees_larger_than_the_largest_graph_run_both_sides_eager_and_say_so(compose, tmp_path, capsys, one_thread):
+    """A drafter whose trees can outgrow the largest compiled graph (most_nodes + 1 > 128 inputs, as ReDrafter's 45 x 5
+    beams on a GPU model) runs eager on both sides, said in one line, rather than failing in the middle of a turn."""
+    import json
+
+    from bench.measure.run import run
+
+    summary = run(compose("method=pld", "method.drafter.num_pred_tokens=200", "task=qa", "task.limit=1",
+                          "engine.compile=on"))
+    assert summary.exact_match.tolist() == [1.0, 1.0]
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["compiled"] is False
+    assert "warning: engine.compile: pld's trees reach 201 inputs, more than the largest compiled graph's 128; both " \
+           "sides run eager (engine.compile=off skips compiling)" in capsys.readouterr().err.splitlines()
+
+
 @pytest.mark.parametrize(("overrides", "compiled", "said"), [
     (("gen.max_new_tokens=128",), False, "eager: answers of at most 128 tokens do not repay compiling"),
     (("gen.max_new_tokens=256",), True, "compiled: answers of up to 256 tokens repay compiling"),

@@ -120,18 +120,27 @@ class EngineBackend(Backend):
         if not self.compiled or not questions:
             return
         sides = (METHOD, BASELINE) if self.settings.baseline and not self.method_is_baseline else (METHOD,)
+        most = self.decoders[METHOD].engine.drafter.most_nodes()
+        if most is not None and 1 + most > BUCKETS[-1]:
+            self.run_eager(f"{self.label}'s trees reach {1 + most} inputs, more than the largest compiled graph's "
+                           f"{BUCKETS[-1]}")
+            return
         started = time.perf_counter()
         try:
             for side in sides:
                 self.precompile(side, questions)
         except Exception as error:  # noqa: BLE001 (any compiler failure: the run goes on eager, said)
             reason = (str(error).strip().splitlines() or [""])[0][:200]
-            print(f"warning: engine.compile: compiling failed ({type(error).__name__}: {reason}); both sides run "
-                  f"eager (engine.compile=off skips compiling)", file=sys.stderr)
-            self.compiled = False
-            self.decoders = self.build_decoders()
+            self.run_eager(f"compiling failed ({type(error).__name__}: {reason})")
             return
         self.compile_seconds = time.perf_counter() - started
+
+    def run_eager(self, why: str) -> None:
+        """Both sides eager after all (under eager's run key), said in one line."""
+        print(f"warning: engine.compile: {why}; both sides run eager (engine.compile=off skips compiling)",
+              file=sys.stderr)
+        self.compiled = False
+        self.decoders = self.build_decoders()
 
     def precompile(self, side: str, questions: list[dict]) -> None:
         """compile_for's work on one side."""
