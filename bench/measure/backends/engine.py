@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import method_identity
 from bench.engine.compiled import BUCKETS
+from bench.engine.kvcache import attention_windows
 from bench.engine.loop import SpeculativeEngine, StopCondition
 from bench.engine.sampling import SamplingConfig
 from bench.measure.assemble import DecoderParts, build_drafter, decoders
@@ -68,7 +69,7 @@ class EngineBackend(Backend):
         planned = method.sizing == "auto"
         self.label, self.method_is_baseline = method.label, method.drafter is None
         self.context = context_window(model)
-        SpeculativeEngine(model)  # first: refuses a model it cannot serve before any drafter setup
+        attention_windows(model)  # first: refuses a model whose cache cannot be cut back, before any drafter setup
         self.run_profile = profile_for_run(cfg, model, device, make=planned)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
         self.profile_uses = " and ".join(use for use, used in (("predicted_speedup", self.batch == 1),
@@ -152,8 +153,8 @@ class EngineBackend(Backend):
         per_turn = TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens
         target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
                            + max(len(q["turns"]), 1) * per_turn for q in questions))
-        most = engine.drafter.most_nodes()  # vanilla: 0, it verifies one token a step
-        largest = BUCKETS[-1] if most is None else min(1 + most, BUCKETS[-1])
+        most = engine.drafter.most_nodes()  # vanilla: 0, it verifies one token a step; at most BUCKETS[-1] - 1 here
+        largest = BUCKETS[-1] if most is None else 1 + most
         target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
         engine.drafter.reserve(target.capacity - BUCKETS[-1])
         engine.drafter.precompile()
