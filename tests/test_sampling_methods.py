@@ -223,10 +223,10 @@ def test_method_samples_the_targets_joint_distribution(target, case, config, tmp
         assert max(accept_lengths) >= 2
 
 
-# The compiled engine (engine.compile=on): a chain drafted by a compiled draft model (SpS), static and dynamic trees
-# drafted by compiled EAGLE heads, a static tree of an eager drafter (Medusa), vanilla
-COMPILED_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_cases("eagle"),
-                     *shipped_cases("eagle2"), *shipped_cases("medusa")]
+# The compiled engine (engine.compile=on): chains drafted by compiled draft models (SpS, PARD's K rows in one forward),
+# static and dynamic trees drafted by compiled EAGLE heads, a static tree of an eager drafter (Medusa), vanilla
+COMPILED_DRAFTERS = [*shipped_cases("vanilla"), *shipped_cases("sps"), *shipped_cases("pard"),
+                     *shipped_cases("eagle"), *shipped_cases("eagle2"), *shipped_cases("medusa")]
 
 
 @pytest.mark.parametrize("case", COMPILED_DRAFTERS)
@@ -236,7 +236,7 @@ def test_the_compiled_engine_samples_the_targets_joint_distribution(target, case
     statistic, critical, accept_lengths = joint_test(target, drafter, cfg, 1200, compiled=True)
     assert statistic < critical, (statistic, critical)
     assert CASES[case][0] == "vanilla" or max(accept_lengths) >= 2
-    assert CASES[case][0] not in ("sps", "eagle", "eagle2") or drafter.network.compiled
+    assert CASES[case][0] not in ("sps", "pard", "eagle", "eagle2") or drafter.network.compiled
 
 
 @pytest.mark.parametrize("case", TWIN_DRAFTERS)
