@@ -10,7 +10,9 @@ from bench import method_label, sizing_of
 
 # engine.compile=auto compiles a batch-1 run whose answers may reach this many tokens. Making a side's graphs takes
 # seconds to a minute before timing and saves a share of every step (docs/running.md, "Compiled or eager"): shorter
-# runs would spend more time compiling than it saves them.
+# runs would spend more time compiling than it saves them. Batched runs stay eager: a graph of B rows takes about 30 s
+# to make and saved 8-17% of a step (gen.batch_size=4, float32, 2026-12-06), so a run repays it only after tens of
+# thousands of tokens.
 COMPILE_FROM_TOKENS = 256
 
 
@@ -22,7 +24,8 @@ def compile_choice(config) -> tuple[bool, str]:
         return asked == "on", ""
     gen = config["gen"]
     if int(gen.get("batch_size", 1)) > 1:
-        return False, f"eager: the batched engine (gen.batch_size={gen['batch_size']}) runs eager"
+        return False, (f"eager: a batch's graphs (gen.batch_size={gen['batch_size']}) take about half a minute each "
+                       f"to make, more than they save a run (engine.compile=on compiles anyway)")
     tokens = int(gen["max_new_tokens"])
     if tokens < COMPILE_FROM_TOKENS:
         return False, (f"eager: answers of at most {tokens} tokens do not repay compiling, which takes tens of seconds "
@@ -117,7 +120,7 @@ class RunSettings:
     repeats: int = 1
     starvation_threshold: float = 0.75  # CPU share below which the run is starved
     bootstrap: Bootstrap = field(default_factory=Bootstrap)
-    compiled: bool = False  # engine.compile, as compile_choice decides: the batch-1 engine's compiled forwards
+    compiled: bool = False  # engine.compile, as compile_choice decides: the engine's compiled forwards
     tracking: str = "none"  # none | mlflow: the finished run logged to MLflow (bench/tracking.py)
     tracking_uri: str | None = None  # MLflow's tracking URI; None: ./mlruns
 

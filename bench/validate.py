@@ -95,9 +95,6 @@ def validate(cfg: DictConfig) -> RunSettings:
             problems.append(f"{key}={value}: must be {allowed}")
     if cfg.method.get("drafter") is None and cfg.method.get("sizing") == "auto":
         problems.append(f"method.sizing=auto: method={cfg.method.name} drafts nothing, so there is nothing to size")
-    if OmegaConf.select(cfg, "engine.compile") == "on" and int(cfg.gen.get("batch_size", 1)) > 1:
-        problems.append(f"engine.compile=on: the batched engine (gen.batch_size={cfg.gen.batch_size}) runs eager "
-                        f"so far; use gen.batch_size=1 or engine.compile=off")
     if cfg.get("tracking") == "mlflow" and not mlflow_installed():  # refused before the run, not after it
         problems.append(MISSING)
     problems += drafter_problems(cfg.method)

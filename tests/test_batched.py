@@ -108,11 +108,13 @@ def method_drafters(model, tmp_path, prompts):
     }
 
 
-def assert_batch_equals_batch_one(model, make_drafter, prompts, max_new_tokens: int, eos=frozenset()):
-    """Every row of one batch equals batch-1 decoding of its prompt (tokens and accepted tokens per step) and
-    transformers' generate; returns the batch output."""
+def assert_batch_equals_batch_one(model, make_drafter, prompts, max_new_tokens: int, eos=frozenset(),
+                                  compiled: bool = False, engine: BatchedEngine | None = None):
+    """Every row of one batch (of `engine`, else a new one, compiled or not) equals eager batch-1 decoding of its
+    prompt (tokens and accepted tokens per step) and transformers' generate; returns the batch output."""
     stop = StopCondition(max_new_tokens, eos)
-    batch = BatchedEngine(model, make_drafter()).generate(prompts, stop, [0] * len(prompts))
+    engine = engine or BatchedEngine(model, make_drafter(), compile=compiled)
+    batch = engine.generate(prompts, stop, [0] * len(prompts))
     single = SpeculativeEngine(model, make_drafter())
     for prompt, row in zip(prompts, batch.turns):
         alone = single.generate(prompt, stop)
@@ -167,6 +169,53 @@ def test_every_method_is_lossless_batched(tiny_model, batch_prompts, tmp_path, m
     make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
     out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24)
     assert any(n > 1 for t in out.turns for n in t.verified_tokens)  # drafts were verified
+
+
+def test_compiled_batch_equals_batch_one_with_rows_leaving_early(tiny_model, batch_prompts, one_thread):
+    """engine.compile=on at batch 5: vanilla's rows, one ending early on EOS, equal eager batch 1 and generate; the
+    batch keeps its rows (a finished one becomes a spare row), so one graph serves every step."""
+    from bench.engine.batched_compiled import StaticBatchCache
+
+    eos = frozenset({vanilla_tokens(tiny_model, batch_prompts[1], 30)[6]})
+    engine = BatchedEngine(tiny_model, compile=True)
+    out = assert_batch_equals_batch_one(tiny_model, lambda: None, batch_prompts, 30, eos, engine=engine)
+    assert min(len(t.tokens) for t in out.turns) < 30 == max(len(t.tokens) for t in out.turns)
+    assert isinstance(engine.compiled, StaticBatchCache) and engine.compiled.rows == len(batch_prompts)
+    # a later batch of fewer prompts runs in the same rows (two spare from the start): the same reserved cache
+    capacity = engine.compiled.capacity
+    assert_batch_equals_batch_one(tiny_model, lambda: None, batch_prompts[2:], 30, engine=engine)
+    assert (engine.compiled.rows, engine.compiled.capacity) == (len(batch_prompts), capacity)
+
+
+def test_compiled_batch_compacts_holes_in_place(tiny_model, batch_prompts, monkeypatch, one_thread):
+    """Scripted rows accepting different amounts (chains, a tree, none) and taking turns at whole chains: the
+    compiled batch's holes are compacted in place, more than once, and every row equals batch 1."""
+    from bench.engine.batched_compiled import StaticBatchCache
+
+    compactions = []
+    original = StaticBatchCache.compact
+    monkeypatch.setattr(StaticBatchCache, "compact", lambda self: (compactions.append(self.slots), original(self)))
+    references = {tuple(p): vanilla_tokens(tiny_model, p, 80) for p in batch_prompts}
+    for modes in ({0: "right", 1: "tree", 2: "half", 3: "none"}, {0: "alternate"}):
+        make = lambda: ScriptedByPrompt(references, modes)  # noqa: E731
+        assert_batch_equals_batch_one(tiny_model, make, batch_prompts, 80, compiled=True)
+    assert len(compactions) >= 2
+
+
+@pytest.mark.parametrize("method", ["eagle2", "medusa"])
+def test_methods_are_lossless_in_a_compiled_batch(tiny_model, batch_prompts, tmp_path, method, one_thread):
+    """A head that reads the target's features (EAGLE-2's dynamic trees) and a static tree (Medusa's) verified by
+    the compiled batch: every row equals eager batch 1."""
+    make = method_drafters(tiny_model, tmp_path, batch_prompts[:4])[method]
+    out = assert_batch_equals_batch_one(tiny_model, make, batch_prompts[:4], 24, compiled=True)
+    assert any(n > 1 for t in out.turns for n in t.verified_tokens)
+
+
+def test_a_windowed_model_runs_the_batch_eager_and_says_so(windowed_model, batch_prompts, capsys, one_thread):
+    engine = BatchedEngine(windowed_model, compile=True)
+    assert engine.compiled is None
+    assert "the batched engine runs eager" in capsys.readouterr().err
+    assert_batch_equals_batch_one(windowed_model, lambda: None, batch_prompts[:2], 8, engine=engine)
 
 
 @pytest.mark.parametrize("drafter", [None, "pld"])
@@ -276,6 +325,17 @@ def test_cli_batched_run_records_throughput_and_latency(compose, tmp_path):
     assert (summary.mean_latency_s > 0).all() and (summary.baseline_mean_latency_s > 0).all()
     assert pd.read_csv(out / "summary.csv").batch_size.iloc[-1] == 2
     assert len(assert_acceptance_records_match(out)) == 3
+
+
+def test_cli_compiled_batched_run(compose, tmp_path, capsys, one_thread):
+    """engine.compile=on at gen.batch_size=2, end to end: both sides' graphs made before timing for rows of the batch,
+    every answer vanilla's, meta.json says compiled."""
+    summary = run(compose("method=pld", "task=qa", "task.limit=3", "gen.batch_size=2", "engine.compile=on"))
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["compiled"] and meta["compile_seconds"] > 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("engine.compile: the")]
+    assert len(said) == 2 and all("for a cache of 2 rows of" in line for line in said)
+    assert summary.exact_match.iloc[-1] == 1.0 and summary.batch_size.tolist() == [2, 2]
 
 
 def test_row_latencies_end_at_the_batch_wall_time():

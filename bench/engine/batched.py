@@ -17,7 +17,9 @@ share of a step it did not fill) that no query attends to. A step appends L slot
 row's accepted inputs are moved to the front of those L slots (a gather over the step's slots only, as batch 1's
 `keep_accepted_kv` does) and the step's slots are cut to the most any row accepted. Holes are masked, not removed,
 so vanilla's batched step copies nothing; when a row leaves, or the slots behind the longest row outgrow
-`max(16, T / 8)`, the cache is compacted in one gather.
+`max(16, T / 8)`, the cache is compacted in one gather. `compile=True` (engine.compile=on) verifies over a
+preallocated cache of the same layout instead, one compiled graph per bucket of L (bench/engine/batched_compiled.py:
+its rows stay in the batch, a finished one as a spare row).
 
 `planner` (method.sizing=auto): a SpeculationPlanner (bench/planning/policy.py) holding the target's profile at this
 batch size decides each step how many nodes every row verifies, and rests the drafters when speculation would lose
@@ -28,6 +30,7 @@ drafts for every row and widens every row's forward.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,8 +38,9 @@ import torch
 from transformers import DynamicCache
 
 from bench.engine.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
+from bench.engine.batched_compiled import compiled_batch
 from bench.engine.drafter import Drafter, StepResult, drafter_seed, start_drafter
-from bench.engine.kvcache import additive_masks, attention_windows, host_to_device, new_cache
+from bench.engine.kvcache import additive_masks, attention_windows, host_to_device, move_kept_rows, new_cache
 from bench.engine.loop import StopCondition, TurnOutput, open_turn, record_step, target_forward
 from bench.engine.sampling import SamplingConfig, greedy_tokens, pick_token
 from bench.engine.timing import Clock, PhaseTimer, device_time
@@ -75,7 +79,9 @@ def fork_drafter(drafter):
 class BatchCache:
     """The batch's KV cache and where each row's tokens lie in it (see the module doc)."""
 
-    def __init__(self, caches: list[DynamicCache], device: torch.device):
+    def __init__(self, caches: list[DynamicCache], forward: Callable, windows: dict, dtype: torch.dtype,
+                 device: torch.device):
+        self.forward, self.windows, self.dtype = forward, windows, dtype  # forward: the engine's target_forward
         self.lengths = [c.get_seq_length() for c in caches]  # n_b: row b's tokens, also its next position
         total = max(self.lengths)
         self.cache = DynamicCache()
@@ -91,6 +97,14 @@ class BatchCache:
     @property
     def slots(self) -> int:
         return self.valid.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def verify(self, roots: list[int], trees: list[DraftTree | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target forward over every row's root and tree: logits [B, L, vocab] and features [B, L, F] (or None)."""
+        return self.forward(**self.step_inputs(roots, trees, self.windows, self.dtype), cache=self.cache)
 
     def step_inputs(self, roots: list[int], trees: list[DraftTree | None], windows: dict, dtype) -> dict:
         """input_ids [B, L], position_ids [B, L] and the additive 4-D mask [B, 1, L, T + L] of one step."""
@@ -115,13 +129,7 @@ class BatchCache:
         """After a step's forward: keep, for each row, its inputs at `kept_rows` (root first), in that order."""
         past, counts = self.slots, [len(rows) for rows in kept_rows]  # the step's inputs follow slot `past`
         most = max(counts)
-        if any(rows != list(range(len(rows))) for rows in kept_rows):
-            index = host_to_device([[past + row for row in rows] + [past] * (most - len(rows)) for rows in kept_rows],
-                                   self.device, torch.long)
-            for layer in self.cache.layers:
-                for tensor in (layer.keys, layer.values):
-                    spread = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-                    tensor[:, :, past : past + most] = tensor.gather(2, spread)
+        move_kept_rows(self.cache, past, kept_rows)
         surplus = self.cache.get_seq_length() - (past + most)
         if surplus:
             self.cache.crop(-surplus)
@@ -131,6 +139,16 @@ class BatchCache:
         self.valid = torch.cat([self.valid, steps[None, :] < counted[:, None]], dim=1)
         self.slot_pos = torch.cat([self.slot_pos, lengths[:, None] + steps[None, :]], dim=1)
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+
+    def retire(self, rows: list[int], finished: list[int]) -> list[int]:
+        """After a step: the batch rows `finished` leave (the cache keeps the others, compacted); holes are compacted
+        away once they build up. Returns what `rows` (batch row -> prompt) becomes."""
+        staying = [i for i in range(len(rows)) if i not in finished]
+        if finished and staying:
+            self.compact(staying)
+        elif self.needs_compaction():
+            self.compact(list(range(len(rows))))
+        return [rows[i] for i in staying]
 
     def needs_compaction(self) -> bool:
         spare = self.slots - max(self.lengths)
@@ -174,7 +192,7 @@ class BatchedEngine:
     """Draft-then-verify decoding of several prompts at once with any Hugging Face causal LM (see module doc)."""
 
     def __init__(self, model, drafter: Drafter | None = None, sampling: SamplingConfig = SamplingConfig(),
-                 planner: StepPlanner | None = None, clock: Clock | None = None, event=None):
+                 planner: StepPlanner | None = None, clock: Clock | None = None, event=None, compile: bool = False):
         self.model, self.drafter, self.sampling, self.planner = model, drafter, sampling, planner
         self.clock, self.event = clock, event  # the phase timer's (bench/engine/loop.py PhaseTimer); tests inject fakes
         if planner is not None:
@@ -182,9 +200,19 @@ class BatchedEngine:
         self.device = model.device
         self._windows = attention_windows(model)
         self.feature_layers = () if drafter is None else tuple(drafter.feature_layers)
+        # engine.compile=on: verification forwards compiled over a preallocated batch cache (batched_compiled.py)
+        self.compiled = compiled_batch(model, self.feature_layers, self._windows) if compile else None
 
     def _forward(self, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         return target_forward(self.model, self.feature_layers, **inputs)
+
+    def _batch_state(self, caches: list[DynamicCache], prompts: list[list[int]], stop: StopCondition):
+        """The decode steps' cache, from the rows' prefilled caches: eager (BatchCache), or the compiled batch's
+        preallocated one, reserved for this call's longest prompt and answer."""
+        if self.compiled is None:
+            return BatchCache(caches, self._forward, self._windows, self.model.dtype, self.device)
+        self.compiled.reserve(len(prompts), max(map(len, prompts)) + stop.max_new_tokens)
+        return self.compiled.start(caches)
 
     def _accept(self, logits: torch.Tensor, trees: list, generators: list) -> list[Acceptance]:
         if self.sampling.greedy:
@@ -241,21 +269,31 @@ class BatchedEngine:
                 finish[b] = timer.mark()
             else:
                 active.append(b)
-        state = BatchCache([caches[b] for b in active], self.device) if active else None
+        state = self._batch_state([caches[b] for b in active], prompts, stop) if active else None
         del caches
         timer.lap("prefill")
-        while active:
-            tokens_left = [stop.max_new_tokens - len(outs[b].tokens) for b in active]
-            trees = self._propose([drafters[b] for b in active], [contexts[b] for b in active], tokens_left)  # 2.
-            inputs = state.step_inputs([roots[b] for b in active], trees, self._windows, self.model.dtype)
+        rows: list[int | None] = [*active, *[None] * (state.rows - len(active))] if active else []  # batch row ->
+        while any(b is not None for b in rows):  # its prompt (None: a compiled batch's spare row, decoding nothing)
+            live = [i for i, b in enumerate(rows) if b is not None]
+            tokens_left = [stop.max_new_tokens - len(outs[rows[i]].tokens) for i in live]
+            drafted = self._propose([drafters[rows[i]] for i in live], [contexts[rows[i]] for i in live],
+                                    tokens_left)  # 2.
+            trees: list[DraftTree | None] = [None] * len(rows)
+            for i, tree in zip(live, drafted):
+                trees[i] = tree
             sizes = [1 if t is None else 1 + len(t) + len(t.aux_tokens) for t in trees]
             timer.lap("draft")
-            logits, hidden = self._forward(**inputs, cache=state.cache)  # 3. one forward verifies every row
+            logits, hidden = state.verify([0 if b is None else roots[b] for b in rows], trees)  # 3. one forward
             timer.lap("verify")
-            acceptances = self._accept(logits, trees, [generators[b] for b in active])  # 4.
-            state.keep_accepted([a.rows for a in acceptances])  # 5.
-            staying = []
-            for i, (b, tree, acceptance) in enumerate(zip(active, trees, acceptances)):
+            acceptances = self._accept(logits if len(live) == len(rows) else logits[live], drafted,
+                                       [generators[rows[i]] for i in live])  # 4.
+            kept: list[list[int]] = [[] for _ in rows]
+            for i, acceptance in zip(live, acceptances):
+                kept[i] = acceptance.rows
+            state.keep_accepted(kept)  # 5.
+            finished = []
+            for i, tree, acceptance in zip(live, drafted, acceptances):
+                b = rows[i]
                 if drafters[b] is not None:
                     rows_hidden = None if hidden is None else hidden[i, : sizes[i]]
                     drafters[b].update(StepResult(tree, logits[i, : sizes[i]], acceptance, rows_hidden))
@@ -264,12 +302,7 @@ class BatchedEngine:
                 roots[b] = acceptance.tokens[-1]
                 if record_step(outs[b], contexts[b], stop, acceptance, sizes[i], tree):
                     finish[b] = timer.mark()
-                else:
-                    staying.append(i)
-            if len(staying) < len(active) and staying:
-                state.compact(staying)
-            elif state.needs_compaction():
-                state.compact(list(range(len(active))))
-            active = [active[i] for i in staying]
+                    finished.append(i)
+            rows = state.retire(rows, finished)
             timer.lap("accept")
         return BatchOutput(outs, [timer.since_start(mark) for mark in finish], timer.seconds)

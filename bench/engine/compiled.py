@@ -5,8 +5,8 @@ StaticForward).
 A forward of T input rows is padded to a bucket of 1, 2, 4, ... 128 rows (dummy rows that see only themselves and
 that nothing sees) and runs the graph `torch.compile` made for that bucket, with the step's additive mask written
 into a buffer of the bucket's own [1, 1, bucket, capacity]. Attention reads only the filled part of the cache
-(`filled_sdpa`, opaque to the compiler, so one graph serves every length). From PACKED_FROM rows on, a graph is made
-with the weights frozen into it.
+(`filled_sdpa`, opaque to the compiler, so one graph serves every length). A graph of float32 weights from
+PACKED_FROM rows on, and every graph of 16-bit weights, is made with the weights frozen into it.
 """
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # input rows of a compiled forward
 ATTENTION = "specbench_sdpa"  # the compiled engine's attention (compiled_sdpa), registered with transformers
-# From this many rows a graph is made with the weights frozen into it (inductor's freezing: on CPU in float32 MKL's
-# GEMM over weights packed once for the graph's size, one more copy of them per such graph). MKL otherwise packs them
-# at every small GEMM: SmolLM2's float32 step of 4 and 8 inputs took 45 and 50 ms frozen, 56 and 64 ms not; of 1
-# and 2 inputs, unpacked weights are faster (measured alone on 2 Xeon cores, logs in issue 56's closing note).
+# From this many rows a float32 graph is made with the weights frozen into it (inductor's freezing: on CPU in float32
+# MKL's GEMM over weights packed once for the graph's size, one more copy of them per such graph). MKL otherwise packs
+# them at every small GEMM: SmolLM2's float32 step of 4 and 8 inputs took 45 and 50 ms frozen, 56 and 64 ms not; of 1
+# and 2 inputs, unpacked weights are faster (29.0 against 29.8 ms for one input, 2026-12-06). 16-bit weights are
+# frozen at every size (oneDNN's packed bfloat16 GEMM): SmolLM2's bfloat16 step of one input took 25.1 ms frozen,
+# 30.5 ms not (AMX, 2026-12-06). All measured alone on 2 Xeon cores; logs in issue 56's closing notes.
 PACKED_FROM = 4
 CAPACITY_STEP = 256  # cache positions, rounded up to a multiple of this (a new capacity: new graphs)
 
@@ -100,11 +102,17 @@ def compile_step(function: Callable) -> Callable:
     return torch.compile(function, dynamic=False, options={"guard_filter_fn": skip})
 
 
-def call_compiled(step: Callable, bucket: int, span: int, *args, **kwargs):
-    """`step` (made by compile_step) over `span` cache positions, its graph frozen from PACKED_FROM rows on."""
+def frozen(rows: int, dtype: torch.dtype) -> bool:
+    """Whether a graph of `rows` input rows over weights of `dtype` is made with the weights frozen into it."""
+    return rows >= PACKED_FROM or dtype in (torch.bfloat16, torch.float16)
+
+
+def call_compiled(step: Callable, freeze: bool, span: int, *args, **kwargs):
+    """`step` (made by compile_step) over `span` cache positions, its graph made with the weights frozen into it
+    where `freeze` (`frozen`)."""
     StepSpan.positions = span
     # dynamo reads the flag from the global config while it traces, not from torch.compile's options
-    with torch._inductor.config.patch(freezing=bucket >= PACKED_FROM):
+    with torch._inductor.config.patch(freezing=freeze):
         return step(*args, **kwargs)
 
 

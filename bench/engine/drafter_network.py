@@ -20,6 +20,7 @@ from bench.engine.compiled import (
     capacity_for,
     causal_block,
     compile_step,
+    frozen,
     unmark_static,
     use_compiled_sdpa,
 )
@@ -152,7 +153,7 @@ class StaticForward:
             position_buffer = self._buffer("position_ids", positions, bucket)
             position_buffer[:, :count] = positions
             position_buffer[:, count:] = past
-            out = call_compiled(self.forward_compiled, bucket, past + bucket, cache=self.cache,
+            out = call_compiled(self.forward_compiled, frozen(bucket, self.dtype), past + bucket, cache=self.cache,
                                 position_ids=position_buffer, attention_mask=full, **padded)
             out = out[:, :count][:, count - options.get("logits_to_keep", count):]
         self.cut_to(past + count)

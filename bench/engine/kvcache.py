@@ -102,3 +102,18 @@ def keep_accepted_kv(cache: DynamicCache, past_len: int, rows: list[int]) -> Non
     surplus = cache.get_seq_length() - kept
     if surplus:
         cache.crop(-surplus)
+
+
+def move_kept_rows(cache, past: int, kept_rows: list[list[int]]) -> None:
+    """A batch step's kept inputs to the front of its slots: row b's inputs at `kept_rows[b]` (slots past + row) are
+    moved, in that order, to slots past, past + 1, ... of every layer of `cache` ([B, heads, slots, dim])."""
+    if all(rows == list(range(len(rows))) for rows in kept_rows):
+        return
+    most = max(map(len, kept_rows))
+    device = cache.layers[0].keys.device
+    index = host_to_device([[past + row for row in rows] + [past] * (most - len(rows)) for rows in kept_rows],
+                           device, torch.long)
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):
+            spread = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+            tensor[:, :, past : past + most] = tensor.gather(2, spread)

@@ -21,6 +21,7 @@ from bench.engine.compiled import (
     call_compiled,
     capacity_for,
     compile_step,
+    frozen,
     unmark_static,
     use_compiled_sdpa,
 )
@@ -152,7 +153,8 @@ class CompiledTarget(EagerTarget):
         block.fill_diagonal_(0)  # every input sees itself (dummies only themselves)
         if local is not None:
             block[:size, :size].masked_fill_(local, 0)
-        logits, hidden = call_compiled(self.forward, bucket, past + bucket, input_ids, positions, mask)
+        freeze = frozen(bucket, self.model.dtype)
+        logits, hidden = call_compiled(self.forward, freeze, past + bucket, input_ids, positions, mask)
         return logits[0, :size], None if hidden is None else hidden[0, :size]
 
     def keep(self, rows: list[int]) -> None:

@@ -52,8 +52,8 @@ def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: 
              compiled: bool = False) -> tuple[QuestionDecoder, QuestionDecoder]:
     """The method's question decoder and its baseline's (the same one for vanilla itself). With a `profile`, speculation
     is sized by the planner: at batch 1 the drafter is wrapped in PlannedDrafter, above it the batched engine asks
-    the planner each step. `baseline_engine` is the baseline's batch-1 engine; `compiled`: the method's batch-1
-    engine compiles its forwards, as the baseline's must then too."""
+    the planner each step. `baseline_engine` is the baseline's batch-1 engine; `compiled`: the method's engine
+    compiles its forwards, as the baseline's must then too."""
     is_baseline = drafter is None  # vanilla: its own baseline
     if batch == 1:
         sized = drafter if profile is None else PlannedDrafter(drafter, profile, parts.device)
@@ -61,5 +61,6 @@ def decoders(model, drafter: Drafter | None, sampling: SamplingConfig, profile: 
         return decode, decode if is_baseline else parts.decoder(baseline_engine, batched=False)
     planner = None if profile is None or is_baseline else SpeculationPlanner(
         profile, probe_share=BATCH_PROBE_SHARE, partial_drafts=drafter.partial_drafts)
-    decode = parts.decoder(BatchedEngine(model, drafter, sampling, planner), batched=True)
-    return decode, decode if is_baseline else parts.decoder(BatchedEngine(model, None, sampling), batched=True)
+    decode = parts.decoder(BatchedEngine(model, drafter, sampling, planner, compile=compiled), batched=True)
+    return decode, decode if is_baseline else parts.decoder(BatchedEngine(model, None, sampling, compile=compiled),
+                                                            batched=True)

@@ -121,7 +121,8 @@ class EngineBackend(Backend):
         if not self.compiled or not questions:
             return
         sides = (METHOD, BASELINE) if self.settings.baseline and not self.method_is_baseline else (METHOD,)
-        most = self.decoders[METHOD].engine.drafter.most_nodes()
+        drafter = self.decoders[METHOD].engine.drafter  # None: the batched engine's vanilla
+        most = 0 if drafter is None else drafter.most_nodes()
         if most is not None and 1 + most > BUCKETS[-1]:
             self.run_eager(f"{self.label}'s trees reach {1 + most} inputs, more than the largest compiled graph's "
                            f"{BUCKETS[-1]}")
@@ -147,19 +148,29 @@ class EngineBackend(Backend):
         """compile_for's work on one side."""
         started = time.perf_counter()
         engine = self.decoders[side].engine
-        target = engine.target
-        if not target.compiled:  # a model the compiled engine does not handle (said when its target was made)
-            return
         per_turn = TEMPLATE_TOKENS_PER_TURN + self.stop.max_new_tokens
-        target.reserve(max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
-                           + max(len(q["turns"]), 1) * per_turn for q in questions))
-        most = engine.drafter.most_nodes()  # vanilla: 0, it verifies one token a step; at most BUCKETS[-1] - 1 here
-        largest = BUCKETS[-1] if most is None else 1 + most
-        target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
-        engine.drafter.reserve(target.capacity - BUCKETS[-1])
-        engine.drafter.precompile()
+        longest = max(len(build_prompt(self.tokenizer, [{"role": "user", "content": "\n".join(q["turns"])}]))
+                      + max(len(q["turns"]), 1) * per_turn for q in questions)
+        most = 0 if engine.drafter is None else engine.drafter.most_nodes()  # vanilla: 0, one token a step
+        largest = BUCKETS[-1] if most is None else 1 + most  # at most BUCKETS[-1] here (compile_for)
+        if self.batch > 1:  # the batched engine: the target's graphs for [rows, bucket]; its drafters run eager
+            batch = engine.compiled
+            if batch is None:  # a model the compiled engine does not handle (said when the engine was made)
+                return
+            batch.reserve(self.rows_per_batch, longest)
+            batch.precompile(largest)
+            capacity = f"{batch.rows} rows of {batch.capacity} positions"
+        else:
+            target = engine.target
+            if not target.compiled:  # a model the compiled engine does not handle (said when its target was made)
+                return
+            target.reserve(longest)
+            target.precompile(build_prompt(self.tokenizer, [{"role": "user", "content": "Hello"}]), largest)
+            engine.drafter.reserve(target.capacity - BUCKETS[-1])
+            engine.drafter.precompile()
+            capacity = f"{target.capacity} positions"
         print(f"engine.compile: the {side}'s graphs made in {time.perf_counter() - started:.1f} s for a cache of "
-              f"{target.capacity} positions, before timing", file=sys.stderr)
+              f"{capacity}, before timing", file=sys.stderr)
 
     def decode_warm_up(self, side: str, todo: list[dict]) -> None:
         """warm_up's decoding."""
