@@ -1,5 +1,6 @@
-"""`python -m bench.profile model=<m> [device=...] [gen.batch_size=B] [profile.force=true]`: measure the target's
-forward times t(L, c) for the cost model (bench/planning/profile.py), unless a profile for this setting exists.
+"""`python -m bench.profile model=<m> [device=...] [gen.batch_size=B] [engine.compile=on|off] [profile.force=true]`:
+measure the target's forward times t(L, c) for the cost model (bench/planning/profile.py), unless a profile for this
+setting exists; compiled or eager as engine.compile decides for a run of the same overrides.
 
 The arguments are overrides of conf/config.yaml, as `python -m bench` takes them (composed, not run as a Hydra job:
 nothing is written but the profile)."""

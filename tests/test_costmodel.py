@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -89,7 +90,9 @@ def test_blas_code_path_variables_key_the_profile_and_its_command(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     plain = profile_setting(model_cfg, cpu, threads=2)
     assert "blas" not in plain
-    assert profile_command("tiny", cpu, 2) == "OMP_NUM_THREADS=2 python -m bench.profile model=tiny device=cpu"
+    assert profile_command("tiny", cpu, 2) == ("OMP_NUM_THREADS=2 python -m bench.profile model=tiny device=cpu "
+                                               "engine.compile=off")
+    assert profile_command("tiny", cpu, 2, compiled=True).endswith("device=cpu engine.compile=on")
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     cbwr = profile_setting(model_cfg, cpu, threads=2)
     assert cbwr == {**plain, "blas": {"MKL_CBWR": "AVX2"}}
@@ -444,3 +447,48 @@ def test_a_planned_drafter_learns_across_prompts_as_its_drafter_does(tiny_model,
     assert not torch.equal(inner.matrix.table, state)
     auto.restore_learned_state(state)
     assert torch.equal(inner.matrix.table, state)
+
+
+def test_a_compiled_profile_times_the_compiled_engines_forwards(tiny_model, monkeypatch, one_thread):
+    """compiled=True times the compiled engine's verification forward (CompiledTarget.verify) after each context
+    held in its cache: a chain, then a binary tree, of L inputs; batched, StaticBatchCache's."""
+    from bench.engine.target import CompiledTarget
+
+    calls = []
+    original = CompiledTarget.verify
+
+    def recording(self, root, tree):
+        calls.append((self.length, None if tree is None else ("chain" if tree.is_chain else "tree", len(tree))))
+        return original(self, root, tree)
+
+    monkeypatch.setattr(CompiledTarget, "verify", recording)
+    seconds = measure_forward_times(tiny_model, [1, 3], [8, 20], repeats=1, compiled=True)
+    assert all(t > 0 for table in seconds.values() for row in table for t in row)
+    one_round = [(8, None), (8, ("chain", 2)), (20, None), (20, ("chain", 2)),
+                 (8, None), (8, ("tree", 2)), (20, None), (20, ("tree", 2))]
+    assert calls == one_round * 2  # the untimed round (which makes the graphs), then the timed one
+    batched = measure_forward_times(tiny_model, [1, 3], [8], repeats=1, batch=2, compiled=True)
+    assert all(t > 0 for table in batched.values() for row in table for t in row)
+
+
+def test_a_compiled_profile_refuses_what_the_compiled_engine_does_not_run(windowed_model, tiny_model):
+    with pytest.raises(ProfileError, match=r"window layers\) eager; measure its profile with engine.compile=off"):
+        measure_forward_times(windowed_model, [1], [8], repeats=1, compiled=True)
+    with pytest.raises(ProfileError, match="lengths reach 256; the compiled engine's forwards take at most 128"):
+        measure_forward_times(tiny_model, [1, 256], [8], repeats=1, compiled=True)
+
+
+def test_a_compiled_run_plans_from_a_profile_of_compiled_forwards(compose, tmp_path, one_thread):
+    """engine.compile=on with method.sizing=auto makes and reads a profile keyed `compiled` (a file of its own beside
+    the eager one, which an eager run makes and reads)."""
+    small = ("task=qa", "task.limit=1", "method.sizing=auto", "profile.lengths=[1,2,4]", "profile.contexts=[16]",
+             "profile.repeats=1")
+    for compile_, name in (("on", "compiled"), ("off", "eager")):
+        out = tmp_path / "runs" / name
+        summary = run(compose("method=pld", *small, f"engine.compile={compile_}", f"out_dir={out}"))
+        assert summary.exact_match.iloc[-1] == 1.0
+        origin = json.loads((out / "meta.json").read_text())["profile_origin"]
+        stored = json.loads(Path(origin["file"]).read_text())
+        assert stored["setting"].get("compiled", False) is (compile_ == "on")
+        assert ("-compiled-" in Path(origin["file"]).name) is (compile_ == "on")
+    assert len(list((tmp_path / "profiles").glob("tiny-*.json"))) == 2

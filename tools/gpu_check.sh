@@ -7,7 +7,7 @@
 # `generate` (batch 1 and 4; batch 1 also compiled on both sides), 3. every method (conf/method/*.yaml) on task=all
 # task.limit=2 with SmolLM2, greedy, in float16 with the float16 tie margin (model.tie_margin), on the compiled engine
 # (engine.compile=on; COMPILE=off for the eager one), 4. the batch sweep gen.batch_size=1,4,16 (vanilla,
-# pld, eagle2; 18 questions), 5. step 3 for every larger conf/model entry whose weights are in the local Hugging
+# pld, eagle2; 18 questions; compiled too), 5. step 3 for every larger conf/model entry whose weights are in the local Hugging
 # Face cache (as far as the time budget goes), 6. the reports (python -m bench.report on runs/ and sweep/) and a
 # summary: speedup, losslessness (exact or numeric tie), joules per token (NVML), NVML errors.
 # Everything goes to one folder, results/gpu_check-<date>/ (OUT_DIR=... to change it); log: gpu_check.log there.
@@ -153,7 +153,7 @@ every_method smollm2_135m
 stage "batch sweep on smollm2_135m: gen.batch_size=${sizes// /,}, task.limit=$sweep_limit"
 for size in $sizes; do
   run_methods "$out/sweep/smollm2_135m/b$size" "vanilla $sweep_methods" model=smollm2_135m "${common[@]}" \
-    task.limit="$sweep_limit" gen.batch_size="$size" || status=1
+    task.limit="$sweep_limit" gen.batch_size="$size" engine.compile="${COMPILE:-on}" || status=1
 done
 for model in ${models#smollm2_135m}; do  # larger models last: what the time budget leaves
   every_method "$model"

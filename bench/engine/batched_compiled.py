@@ -135,6 +135,13 @@ class StaticBatchCache:
         self._set_slots(past + most)
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
 
+    def hold(self, length: int) -> None:
+        """Take every row as holding the cache's first `length` positions (the profile times forwards after a
+        context this way, whatever those positions hold)."""
+        self.lengths = [length] * self.rows
+        self.valid.copy_(torch.arange(self.capacity, device=self.device)[None, :] < length)
+        self._set_slots(length)
+
     def _set_slots(self, slots: int) -> None:
         self.slots = slots
         for layer in self.cache.layers:

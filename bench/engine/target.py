@@ -165,9 +165,14 @@ class CompiledTarget(EagerTarget):
             for layer in self.cache.layers:
                 layer.keys[..., past:past + kept, :] = layer.keys[..., index, :]
                 layer.values[..., past:past + kept, :] = layer.values[..., index, :]
+        self.hold(past + kept)
+
+    def hold(self, length: int) -> None:
+        """Take the cache's first `length` positions as the past (keep's last move; the profile times forwards after
+        a context this way, whatever those positions hold)."""
         for layer in self.cache.layers:
-            layer.cumulative_length.fill_(past + kept)
-        self.length = past + kept
+            layer.cumulative_length.fill_(length)
+        self.length = length
 
 
 def make_target(model, feature_layers: tuple[int, ...], windows: dict[str, int | None], compile_: bool):

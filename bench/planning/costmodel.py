@@ -43,14 +43,16 @@ def device_slug(device_name: str) -> str:
 
 
 def profile_path(directory: str | Path, setting: dict) -> Path:
-    """`<model>-<device><threads>t-<dtype>[-b<batch>]-<device name>[-<blas variables>].json`: profiles of different
-    CPUs or GPUs (or BLAS code paths: `-mkl_cbwr_avx2`) live side by side (a clone runs on whichever machine it lands
-    on)."""
+    """`<model>-<device><threads>t-<dtype>[-b<batch>][-compiled]-<device name>[-<blas variables>].json`: profiles of
+    different CPUs or GPUs (or BLAS code paths: `-mkl_cbwr_avx2`, or engines: `-compiled`) live side by side (a clone
+    runs on whichever machine it lands on)."""
     device = setting["device"] if setting["threads"] is None else f"{setting['device']}{setting['threads']}t"
     batch = f"-b{setting['batch']}" if setting.get("batch", 1) > 1 else ""
     blas = "".join(f"-{name.lower()}_{device_slug(value).replace('-', '_')}"
                    for name, value in sorted(setting.get("blas", {}).items()))
-    name = f"{setting['model']}-{device}-{setting['dtype']}{batch}-{device_slug(setting['device_name'])}{blas}.json"
+    compiled = "-compiled" if setting.get("compiled") else ""
+    name = (f"{setting['model']}-{device}-{setting['dtype']}{batch}{compiled}-{device_slug(setting['device_name'])}"
+            f"{blas}.json")
     return Path(directory).expanduser() / name
 
 

@@ -7,6 +7,10 @@ use, both as a chain (the model's own causal mask) and as a tree step (a tree-sh
 JSON in profile.dir keyed by that setting (bench/planning/costmodel.py: `seconds` and `tree_seconds`, named in
 `point_kinds`). Runs read it for their predicted speedup; `method.sizing=auto` makes it when missing. Time it on a
 quiet machine: a profile taken under load mispredicts every run.
+
+A run whose forwards are compiled (engine.compile, as `bench.settings.compile_choice` decides for the same overrides)
+reads a profile of compiled forwards, keyed `compiled` and measured through the compiled engine's own forward (its
+buckets, its static cache): the times its predictions and its planner need are that engine's, not eager's.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,23 +33,31 @@ from bench.engine.timing import device_time
 from bench.engine.tree import DraftTree
 from bench.models import context_window
 from bench.planning.costmodel import POINT_KINDS, Profile, ProfileError, profile_path
+from bench.settings import compile_choice
 
 
 def batch_size(cfg: DictConfig) -> int:
     return int(cfg.gen.get("batch_size", 1))
 
 
-def find_profile(cfg: DictConfig, device: torch.device) -> Profile:
-    """The stored profile for this run's setting (at gen.batch_size), wherever it was measured: on this host, or on
-    another of the same device model (profile_origin says which); ProfileError (with the command that makes it)
-    otherwise."""
-    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
-    return Profile.load(profile_path(cfg.profile.dir, setting), setting, setting_command(cfg, device))
+def compiled_forwards(cfg: DictConfig, compiled: bool | None) -> bool:
+    """`compiled`, or (None) whether engine.compile compiles a run of `cfg`."""
+    return compile_choice(cfg)[0] if compiled is None else compiled
 
 
-def setting_command(cfg: DictConfig, device: torch.device) -> str:
+def find_profile(cfg: DictConfig, device: torch.device, compiled: bool | None = None) -> Profile:
+    """The stored profile for this run's setting (at gen.batch_size, compiled or eager), wherever it was measured: on
+    this host, or on another of the same device model (profile_origin says which); ProfileError (with the command
+    that makes it) otherwise."""
+    compiled = compiled_forwards(cfg, compiled)
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg), compiled=compiled)
+    return Profile.load(profile_path(cfg.profile.dir, setting), setting, setting_command(cfg, device, compiled))
+
+
+def setting_command(cfg: DictConfig, device: torch.device, compiled: bool | None = None) -> str:
     """The command that measures the profile of this run's setting on this host."""
-    return profile_command(cfg.model.name, device, profile_setting(cfg.model, device)["threads"], batch_size(cfg))
+    return profile_command(cfg.model.name, device, profile_setting(cfg.model, device)["threads"], batch_size(cfg),
+                           compiled_forwards(cfg, compiled))
 
 
 def profile_origin(cfg: DictConfig, profile: Profile) -> dict:
@@ -72,9 +85,10 @@ def profile_note(origin: dict | None, uses: str, command: str) -> str:
     return line if origin["this_host"] else f"{line}; this host's: {command} profile.force=true"
 
 
-def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
+def make_profile(cfg: DictConfig, model, device: torch.device, compiled: bool | None = None) -> Profile:
     """Measure and store the profile for this setting (progress bar on stderr); returns it."""
-    setting = profile_setting(cfg.model, device, batch=batch_size(cfg))
+    compiled = compiled_forwards(cfg, compiled)
+    setting = profile_setting(cfg.model, device, batch=batch_size(cfg), compiled=compiled)
     lengths = sorted(set(int(n) for n in cfg.profile.lengths))
     window = context_window(model)
     contexts = sorted(set(int(c) for c in cfg.profile.contexts
@@ -83,30 +97,33 @@ def make_profile(cfg: DictConfig, model, device: torch.device) -> Profile:
         raise ProfileError(f"no profile.contexts fit in the model's context window of {window} tokens")
     with tqdm(total=cfg.profile.repeats, desc=f"profiling {cfg.model.name}", unit="round", dynamic_ncols=True) as bar:
         seconds = measure_forward_times(model, lengths, contexts, cfg.profile.repeats, progress=bar,
-                                        batch=batch_size(cfg))
+                                        batch=batch_size(cfg), compiled=compiled)
     profile = Profile(setting, lengths, contexts, seconds["chain"], cfg.profile.repeats,
                       time.strftime("%Y-%m-%dT%H:%M:%S"), seconds["tree"], POINT_KINDS, socket.gethostname())
     profile.save(profile_path(cfg.profile.dir, setting))
     return profile
 
 
-def profile_for_run(cfg: DictConfig, model, device: torch.device, make: bool) -> Profile | None:
-    """The run's profile: the stored one; if none fits, a new one when `make`, else None."""
+def profile_for_run(cfg: DictConfig, model, device: torch.device, make: bool,
+                    compiled: bool | None = None) -> Profile | None:
+    """The run's profile (of compiled forwards where `compiled`; None: as engine.compile decides): the stored one;
+    if none fits, a new one when `make`, else None."""
     try:
-        return find_profile(cfg, device)
+        return find_profile(cfg, device, compiled)
     except ProfileError as err:
         if not make:
             print(f"note: {err} (predicted speedups are left out)", file=sys.stderr)
             return None
         print(f"note: {err}; measuring it now", file=sys.stderr)
-        return make_profile(cfg, model, device)
+        return make_profile(cfg, model, device, compiled)
 
 
 def print_profile(profile: Profile) -> None:
     setting = profile.setting
     batch = f"batch {setting['batch']}, " if "batch" in setting else ""
-    print(f"t(L) in ms per context, chains and tree steps ({batch}{setting['model']}, {setting['device_name']}, "
-          f"{setting['dtype']}, threads {setting['threads']}):")
+    compiled = "compiled, " if setting.get("compiled") else ""
+    print(f"t(L) in ms per context, chains and tree steps ({batch}{compiled}{setting['model']}, "
+          f"{setting['device_name']}, {setting['dtype']}, threads {setting['threads']}):")
     tables = {"chain": profile.seconds, "tree": profile.tree_seconds}
     for kind, table in tables.items():
         if table is not None:
@@ -137,13 +154,16 @@ def blas_environment(device: torch.device) -> dict:
     return {name: os.environ[name] for name in BLAS_ENVIRONMENT if os.environ.get(name)}
 
 
-def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1) -> dict:
+def profile_setting(model_cfg, device: torch.device, threads: int | None = None, batch: int = 1,
+                    compiled: bool = False) -> dict:
     """What a profile's times depend on (model and its weights file, dtype, attention implementation, device, threads,
-    BLAS code path, torch version); a profile is only used where this matches exactly. `batch`: sequences per
-    forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no key, as before);
-    `blas`: the BLAS code-path variables when any is set (none set keeps no key)."""
+    BLAS code path, torch version, compiled forwards or eager); a profile is only used where this matches exactly.
+    `batch`: sequences per forward (a batch-B profile times [B, L] forwards after B cached contexts; batch 1 keeps no
+    key, as before); `blas`: the BLAS code-path variables when any is set (none set keeps no key); `compiled`: the
+    compiled engine's forwards (eager keeps no key, as before)."""
     blas = blas_environment(device)
     return {**({"batch": batch} if batch > 1 else {}), **({"blas": blas} if blas else {}),
+            **({"compiled": True} if compiled else {}),
             "model": model_cfg.name, "path": model_cfg.path, "gguf_file": model_cfg.get("gguf_file"),
             "dtype": model_cfg.dtype, "attn_implementation": model_cfg.get("attn_implementation"),
             "device": device.type, "device_name": device_name(device),
@@ -151,10 +171,12 @@ def profile_setting(model_cfg, device: torch.device, threads: int | None = None,
             "torch": torch.__version__}
 
 
-def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1) -> str:
+def profile_command(model_name: str, device: torch.device, threads: int | None, batch: int = 1,
+                    compiled: bool = False) -> str:
     parts = [f"python -m bench.profile model={model_name}", f"device={device}"]
     if batch > 1:
         parts.append(f"gen.batch_size={batch}")
+    parts.append(f"engine.compile={'on' if compiled else 'off'}")
     if device.type != "cuda" and threads:
         parts.insert(0, f"OMP_NUM_THREADS={threads}")
     parts[:0] = [f"{name}={value}" for name, value in blas_environment(device).items()]
@@ -175,34 +197,84 @@ def tree_step_inputs(model, length: int, context: int, batch: int) -> dict:
 @torch.inference_mode()
 def measure_forward_times(model, lengths: list[int], contexts: list[int], repeats: int = 5, progress=None,
                           batch: int = 1, kinds: tuple[str, ...] = ("chain", "tree"),
-                          clock=None) -> dict[str, list[list[float]]]:
+                          clock=None, compiled: bool = False) -> dict[str, list[list[float]]]:
     """{kind: table}: median seconds of a forward over L new tokens (all logits, as a verification step computes
     them) after a cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch`
     sequences at once; "chain" with the model's own causal mask, "tree" with a tree-shaped 4-D mask
-    (`tree_step_inputs`). Repeats go round-robin over all the points of every kind (after one untimed round), so
-    that a machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read
-    once the device is done: bench/engine/timing.py device_time), replaced in tests."""
+    (`tree_step_inputs`); `compiled`: the compiled engine's forwards (`compiled_points`). Repeats go round-robin over
+    all the points of every kind (after one untimed round, which also makes a compiled engine's graphs), so that a
+    machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read once the
+    device is done: bench/engine/timing.py device_time), replaced in tests."""
     device = model.device
-    vocab = model.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    ids, caches = [], []
-    for context in contexts:
-        ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(device))
-        caches.append(new_cache())
-        model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
-    extra = {kind: [[tree_step_inputs(model, n, c, batch) if kind == "tree" else {} for n in lengths]
-                    for c in contexts] for kind in kinds}
+    point = (compiled_points if compiled else eager_points)(model, lengths, contexts, batch)
     times = {kind: [[[] for _ in lengths] for _ in contexts] for kind in kinds}
     for repeat in range(repeats + 1):
         for kind in kinds:
-            for i, context in enumerate(contexts):
-                for j, length in enumerate(lengths):
+            for i in range(len(contexts)):
+                for j in range(len(lengths)):
                     start = device_time(device, clock)
-                    model(input_ids=ids[i][:, context : context + length], cache=caches[i], **extra[kind][i][j])
+                    point(kind, i, j)
                     elapsed = device_time(device, clock) - start
-                    caches[i].crop(-length)
                     if repeat:
                         times[kind][i][j].append(elapsed)
         if progress is not None and repeat:
             progress.update(1)
     return {kind: [[statistics.median(point) for point in row] for row in table] for kind, table in times.items()}
+
+
+def eager_points(model, lengths: list[int], contexts: list[int], batch: int) -> Callable[[str, int, int], None]:
+    """point(kind, i, j): the eager forward of lengths[j] tokens after contexts[i] cached ones (one DynamicCache per
+    context, cropped back after each forward)."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    ids, caches = [], []
+    for context in contexts:
+        ids.append(torch.randint(0, vocab, (batch, context + max(lengths)), generator=generator).to(model.device))
+        caches.append(new_cache())
+        model(input_ids=ids[-1][:, :context], cache=caches[-1], logits_to_keep=1)
+    extra = {"chain": [[{} for _ in lengths] for _ in contexts],
+             "tree": [[tree_step_inputs(model, n, c, batch) for n in lengths] for c in contexts]}
+
+    def point(kind: str, i: int, j: int) -> None:
+        context, length = contexts[i], lengths[j]
+        model(input_ids=ids[i][:, context : context + length], cache=caches[i], **extra[kind][i][j])
+        caches[i].crop(-length)
+
+    return point
+
+
+def compiled_points(model, lengths: list[int], contexts: list[int], batch: int) -> Callable[[str, int, int], None]:
+    """point(kind, i, j): the compiled engine's verification forward (bench/engine/target.py's CompiledTarget, or at
+    batch > 1 bench/engine/batched_compiled.py's StaticBatchCache) of lengths[j] inputs, a chain or a binary tree,
+    after contexts[i] cached positions; one cache reserved for the longest point, its first contexts[i] positions
+    taken as the context (what they hold does not change a forward's time)."""
+    from bench.engine.batched_compiled import StaticBatchCache
+    from bench.engine.compiled import BUCKETS
+    from bench.engine.target import CompiledTarget
+
+    windows = attention_windows(model)
+    if any(window is not None for window in windows.values()):
+        raise ProfileError(f"the compiled engine runs {type(model).__name__} (sliding-window layers) eager; measure "
+                           f"its profile with engine.compile=off")
+    if max(lengths) > BUCKETS[-1]:
+        raise ProfileError(f"profile.lengths reach {max(lengths)}; the compiled engine's forwards take at most "
+                           f"{BUCKETS[-1]} inputs")
+    trees = {"chain": {n: DraftTree.chain([0] * (n - 1)) for n in lengths if n > 1},
+             "tree": {n: DraftTree([0] * (n - 1), [i // 2 - 1 for i in range(n - 1)]) for n in lengths if n > 1}}
+    positions = max(contexts) + max(lengths)
+    if batch == 1:
+        target = CompiledTarget(model, (), windows)
+        target.reserve(positions)
+        target.prefill([0] * max(contexts), max(lengths))
+        verify = lambda tree: target.verify(0, tree)  # noqa: E731
+    else:
+        target = StaticBatchCache(model, ())
+        target.reserve(batch, positions)
+        target.start([])
+        verify = lambda tree: target.verify([0] * batch, [tree] * batch)  # noqa: E731
+
+    def point(kind: str, i: int, j: int) -> None:
+        target.hold(contexts[i])
+        verify(trees[kind].get(lengths[j]))
+
+    return point

@@ -69,8 +69,10 @@ class EngineBackend(Backend):
         planned = method.sizing == "auto"
         self.label, self.method_is_baseline = method.label, method.drafter is None
         self.context = context_window(model)
-        attention_windows(model)  # first: refuses a model whose cache cannot be cut back, before any drafter setup
-        self.run_profile = profile_for_run(cfg, model, device, make=planned)
+        windows = attention_windows(model)  # first: refuses a model whose cache cannot be cut back, before any drafter
+        # setup; the profile is of the forwards the run times (a windowed model's run eager, compiled or not)
+        self.profile_compiled = settings.compiled and all(window is None for window in windows.values())
+        self.run_profile = profile_for_run(cfg, model, device, make=planned, compiled=self.profile_compiled)
         self.profile = self.run_profile if self.batch == 1 else None  # the predicted speedup is batch 1's
         self.profile_uses = " and ".join(use for use, used in (("predicted_speedup", self.batch == 1),
                                                                ("method.sizing=auto", planned)) if used)
@@ -142,6 +144,11 @@ class EngineBackend(Backend):
         print(f"warning: engine.compile: {why}; both sides run eager (engine.compile=off skips compiling)",
               file=sys.stderr)
         self.compiled = False
+        if self.profile_compiled:  # eager steps are predicted and sized from eager times
+            self.profile_compiled = False
+            self.run_profile = profile_for_run(self.cfg, self.model, self.device, self.settings.method.sizing == "auto",
+                                               compiled=False)
+            self.profile = self.run_profile if self.batch == 1 else None
         self.decoders = self.build_decoders()
 
     def precompile(self, side: str, questions: list[dict]) -> None:
@@ -241,7 +248,8 @@ class EngineBackend(Backend):
         """The CPU share's verdict, and where the profile behind the predicted speedup (or the sizing) was measured."""
         notes = [verdict(summary.cpu_share.iloc[-1], self.settings.starvation_threshold)]
         if self.profile_uses:
-            notes.append(profile_note(self.profile_origin, self.profile_uses, setting_command(self.cfg, self.device)))
+            notes.append(profile_note(self.profile_origin, self.profile_uses,
+                                      setting_command(self.cfg, self.device, self.profile_compiled)))
         return notes
 
 
