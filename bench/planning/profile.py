@@ -201,10 +201,12 @@ def measure_forward_times(model, lengths: list[int], contexts: list[int], repeat
     """{kind: table}: median seconds of a forward over L new tokens (all logits, as a verification step computes
     them) after a cached context of c random tokens, for every c in `contexts` and L in `lengths`, `batch`
     sequences at once; "chain" with the model's own causal mask, "tree" with a tree-shaped 4-D mask
-    (`tree_step_inputs`); `compiled`: the compiled engine's forwards (`compiled_points`). Repeats go round-robin over
-    all the points of every kind (after one untimed round, which also makes a compiled engine's graphs), so that a
-    machine whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read once the
-    device is done: bench/engine/timing.py device_time), replaced in tests."""
+    (`tree_step_inputs`); `compiled`: the compiled engine's forwards (`compiled_points`), each timed right after an
+    untimed one of the same point, as a run's steps follow each other (a compiled one-token step right after one of
+    128 inputs took 13% longer than one after another of its own, 2026-12-06). Repeats go round-robin over all the
+    points of every kind (after one untimed round, which also makes a compiled engine's graphs), so that a machine
+    whose speed drifts moves every point alike. `clock`: seconds (default time.perf_counter, read once the device is
+    done: bench/engine/timing.py device_time), replaced in tests."""
     device = model.device
     point = (compiled_points if compiled else eager_points)(model, lengths, contexts, batch)
     times = {kind: [[[] for _ in lengths] for _ in contexts] for kind in kinds}
@@ -212,6 +214,8 @@ def measure_forward_times(model, lengths: list[int], contexts: list[int], repeat
         for kind in kinds:
             for i in range(len(contexts)):
                 for j in range(len(lengths)):
+                    if compiled and repeat:
+                        point(kind, i, j)  # untimed: the timed one follows a step of its own size
                     start = device_time(device, clock)
                     point(kind, i, j)
                     elapsed = device_time(device, clock) - start
