@@ -38,7 +38,7 @@ import torch
 from transformers import DynamicCache
 
 from bench.engine.acceptance import Acceptance, greedy_path, host_with_drafts, probs_on_host, sampling_path
-from bench.engine.batched_compiled import compiled_batch
+from bench.engine.batched_compiled import compiled_batch, step_ids
 from bench.engine.drafter import Drafter, StepResult, drafter_seed, start_drafter
 from bench.engine.kvcache import additive_masks, attention_windows, host_to_device, move_kept_rows, new_cache
 from bench.engine.loop import StopCondition, TurnOutput, open_turn, record_step, target_forward
@@ -110,7 +110,7 @@ class BatchCache:
         """input_ids [B, L], position_ids [B, L] and the additive 4-D mask [B, 1, L, T + L] of one step."""
         sizes = [1 if tree is None else 1 + len(tree) + len(tree.aux_tokens) for tree in trees]
         batch, length, past = len(trees), max(sizes), self.slots
-        ids = _step_ids(roots, trees, length, self.device)
+        ids = step_ids(roots, trees, length, self.device)
         offsets = torch.zeros(batch, length, dtype=torch.long)  # padding inputs: the root's position, seeing itself
         local = torch.eye(length, dtype=torch.bool).repeat(batch, 1, 1)  # [B, L, L]
         for b, (tree, size) in enumerate(zip(trees, sizes)):
@@ -170,17 +170,6 @@ class BatchCache:
         self.valid = slots[None, :] < host_to_device(lengths, self.device, torch.long)[:, None]
         self.slot_pos = slots.expand(len(rows), total).clone()
         self.lengths = lengths
-
-
-def _step_ids(roots: list[int], trees: list[DraftTree | None], length: int, device: torch.device) -> torch.Tensor:
-    """[B, L] input ids of a step, each row padded with its root; draft tokens a drafter left on the device
-    (DeviceTokens) stay there."""
-    if not any(tree is not None and tree.tokens_on_device for tree in trees):
-        rows = [[root] if tree is None else [root, *tree.tokens, *tree.aux_tokens] for root, tree in zip(roots, trees)]
-        return host_to_device([row + [row[0]] * (length - len(row)) for row in rows], device, torch.long)
-    rows = [host_to_device([root], device, torch.long) if tree is None else tree.input_ids(root, device)
-            for root, tree in zip(roots, trees)]
-    return torch.stack([torch.cat([row, row[:1].expand(length - len(row))]) for row in rows])
 
 
 def _pad_slots(tensor: torch.Tensor, total: int) -> torch.Tensor:

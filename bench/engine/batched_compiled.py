@@ -42,6 +42,17 @@ def compiled_batch(model, feature_layers: tuple[int, ...], windows: dict[str, in
     return StaticBatchCache(model, feature_layers)
 
 
+def step_ids(roots: list[int], trees: list[DraftTree | None], length: int, device: torch.device) -> torch.Tensor:
+    """[B, L] input ids of a step, each row padded with its root; draft tokens a drafter left on the device
+    (DeviceTokens) stay there."""
+    if not any(tree is not None and tree.tokens_on_device for tree in trees):
+        rows = [[root] if tree is None else [root, *tree.tokens, *tree.aux_tokens] for root, tree in zip(roots, trees)]
+        return host_to_device([row + [row[0]] * (length - len(row)) for row in rows], device, torch.long)
+    rows = [host_to_device([root], device, torch.long) if tree is None else tree.input_ids(root, device)
+            for root, tree in zip(roots, trees)]
+    return torch.stack([torch.cat([row, row[:1].expand(length - len(row))]) for row in rows])
+
+
 class StaticBatchCache:
     """A batch of `rows` sequences over a preallocated cache, verified by compiled forwards (module doc). The engine
     calls reserve, start, then verify, keep_accepted and retire each step, as it calls BatchCache's."""
@@ -109,13 +120,11 @@ class StaticBatchCache:
         input_ids, positions, mask = self._buffers(bucket)
         offsets = torch.zeros(self.rows, bucket, dtype=torch.long)  # padding inputs: the root's position
         local = torch.eye(bucket, dtype=torch.bool).repeat(self.rows, 1, 1)  # [rows, bucket, bucket]: sees itself
-        ids = [[root] * bucket for root in roots]
         for b, (tree, size) in enumerate(zip(trees, sizes)):
             if tree is not None:
                 offsets[b, :size] = tree.position_offsets
                 local[b, :size, :size] = tree.local_mask
-                ids[b][:size] = [roots[b], *tree.tokens, *tree.aux_tokens]
-        input_ids.copy_(host_to_device(ids, self.device, torch.long))
+        input_ids.copy_(step_ids(roots, trees, bucket, self.device))
         lengths = host_to_device(self.lengths, self.device, torch.long)
         positions.copy_(lengths[:, None] + host_to_device(offsets, self.device))
         mask.fill_(torch.finfo(mask.dtype).min)
