@@ -218,15 +218,18 @@ def test_a_windowed_model_runs_the_batch_eager_and_says_so(windowed_model, batch
     assert_batch_equals_batch_one(windowed_model, lambda: None, batch_prompts[:2], 8, engine=engine)
 
 
-@pytest.mark.parametrize("drafter", [None, "pld"])
-def test_sampled_rows_equal_batch_one_with_the_same_seeds(tiny_model, batch_prompts, drafter, one_thread):
+@pytest.mark.parametrize("drafter, compiled", [(None, False), ("pld", False), (None, True), ("pld", True)])
+def test_sampled_rows_equal_batch_one_with_the_same_seeds(tiny_model, batch_prompts, drafter, compiled, one_thread):
     """Under sampling each row draws from its own generator, seeded as at batch 1: with a deterministic drafter
-    (or none) every row's tokens and accepted tokens per step are batch 1's for the same seed."""
+    (or none) every row's tokens and accepted tokens per step are eager batch 1's for the same seed, in the eager
+    batch and in the compiled one."""
     sampling = SamplingConfig(temperature=1.0)
     stop = StopCondition(20)
     seeds = [11, 12, 13]
     make = (lambda: None) if drafter is None else (lambda: PromptLookupDrafter(tiny_model, max_ngram_size=1))
-    out = BatchedEngine(tiny_model, make(), sampling).generate(batch_prompts[:3], stop, seeds)
+    engine = BatchedEngine(tiny_model, make(), sampling, compile=compiled)
+    assert (engine.compiled is not None) == compiled
+    out = engine.generate(batch_prompts[:3], stop, seeds)
     single = SpeculativeEngine(tiny_model, make(), sampling)
     alone = [single.generate(p, stop, seed=s) for p, s in zip(batch_prompts[:3], seeds)]
     assert [t.tokens for t in out.turns] == [a.tokens for a in alone]

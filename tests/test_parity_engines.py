@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from bench.parity.engines import (
     accepting_steps_agree,
@@ -85,3 +86,31 @@ def test_accepting_steps_are_compared_in_order_wherever_the_empty_steps_fell(tmp
     write_answers(tmp_path / "ours", [(same, [1, 1, 3, 1, 2, 4]), (same, [2, 1, 3]), (same[:3], [1, 2])])
     write_answers(tmp_path / "vllm", [(same, [3, 2, 5, 1, 1, 1]), (same, [3, 1, 2]), (same[:2] + [9], [1, 2])])
     assert accepting_steps_agree(tmp_path / "ours", tmp_path / "vllm") == (2, 1)
+
+
+def overall_board(device: str, dtype: str, rows: dict[str, tuple[float, float, float, float]]) -> pd.DataFrame:
+    """A record's board of one setting: per method (tokens/s, vanilla tokens/s, #MAT, speedup), overall only."""
+    return pd.DataFrame([{"model": "m", "dtype": dtype, "device": device, "task": "overall", "method": method,
+                          "tokens_per_s": tps, "baseline_tokens_per_s": base, "mean_accepted_tokens": mat,
+                          "speedup": speedup} for method, (tps, base, mat, speedup) in rows.items()])
+
+
+def test_step_cost_puts_both_engines_speedups_on_vllm_s_step_cost():
+    """Ours: vanilla 25 ms a step, SpS 75 ms a step at #MAT 1.5 (0.5x); vLLM: vanilla 50 ms (25 ms more a step),
+    0.75x. At vLLM's step cost ours is 1.5 x (25 + 25) / (75 + 25) = 0.75x: no gap left. A head run in one engine
+    only (pld), or at another dtype, has no row."""
+    from bench.report.step_cost import step_cost_table, step_cost_text
+
+    settings = [overall_board("cpu", "float32", {"sps": (20.0, 40.0, 1.5, 0.5), "pld": (60.0, 40.0, 1.6, 1.5)}),
+                overall_board("server:vllm", "float32", {"vllm_cpu_draft": (15.0, 20.0, 1.5, 0.75)}),
+                overall_board("server:vllm", "bfloat16", {"vllm_cpu_ngram": (30.0, 20.0, 1.6, 1.5)})]
+    table = step_cost_table(settings)
+    assert table[["model", "head"]].values.tolist() == [["m (float32)", "sps"]]
+    row = table.iloc[0]
+    assert row["vanilla step ours (ms)"] == pytest.approx(25.0) and row["vanilla step vLLM (ms)"] == pytest.approx(50)
+    assert row["vLLM's extra per step (ms)"] == pytest.approx(25.0)
+    assert row["ours at vLLM's step cost"] == pytest.approx(0.75)
+    assert row["gap"] == pytest.approx(0.5 / 0.75 - 1)
+    assert row["gap at vLLM's step cost"] == pytest.approx(0.0)
+    shown = step_cost_text(table).iloc[0]
+    assert (shown["gap"], shown["gap at vLLM's step cost"], shown["speedup ours"]) == ("-33%", "+0%", "0.50x")
