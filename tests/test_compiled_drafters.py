@@ -65,13 +65,18 @@ def test_compiled_drafters_propose_what_eager_ones_do(tiny_model, prompts, metho
         assert graphs_made == 0  # precompile made every graph the turn's steps ran
 
 
-def test_a_compiled_head_drafts_with_its_own_weights(tiny_model, prompts, one_thread):
-    """EAGLE-2 heads of one class and other weights, compiled one after the other (graphs of 4 and more rows have the
-    weights frozen in): each proposes what its eager twin proposes."""
+@pytest.mark.parametrize("head_class", ["eagle", "eagle3"])
+def test_a_compiled_head_drafts_with_its_own_weights(tiny_model, prompts, head_class, one_thread):
+    """EAGLE-2 heads (and EAGLE-3's, each with an LM head of its own) of one class and other weights, compiled one
+    after the other (graphs of 4 and more rows have the weights frozen in): each proposes what its eager twin
+    proposes."""
     from methods.eagle.head import EagleHead
     from methods.heads.tiny import random_weights
 
     def drafter(seed: int):
+        if head_class == "eagle3":
+            return eagle3.Eagle3Drafter(tiny_model, head=eagle3.random_head(tiny_model, seed, draft_vocab=12, std=0.3),
+                                        total_token=12, depth=3, top_k=4)
         head = random_weights(EagleHead(tiny_model.config), seed=seed).to(tiny_model.dtype)
         return dynamic.Eagle2Drafter(tiny_model, head=head, total_token=12, depth=3, top_k=4)
 
