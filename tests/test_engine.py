@@ -223,6 +223,18 @@ def test_a_compiled_run_matches_vanilla_and_says_what_compiling_cost(compose, tm
     assert _debug_get_cache_entry_list(CompiledTarget._step.__code__) == []
 
 
+def test_graphs_are_frozen_on_the_cpu_only():
+    """Frozen (weights packed into the graph) on the CPU: 16-bit graphs of every size, float32 ones from PACKED_FROM
+    rows; never on a GPU."""
+    from bench.engine.compiled import PACKED_FROM, frozen
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert [frozen(rows, torch.float32, cpu) for rows in (1, PACKED_FROM - 1, PACKED_FROM, 128)] == \
+        [False, False, True, True]
+    assert frozen(1, torch.bfloat16, cpu) and frozen(1, torch.float16, cpu)
+    assert not any(frozen(rows, dtype, gpu) for rows in (1, 128) for dtype in (torch.float32, torch.bfloat16))
+
+
 def test_a_compiler_failure_runs_both_sides_eager_and_says_so(compose, tmp_path, capsys, monkeypatch, one_thread):
     """Where torch.compile fails, the run goes on eager on both sides under eager's run key, with one warning line
     that names the error and engine.compile=off; never a crash, never silently."""

@@ -130,7 +130,7 @@ class StaticBatchCache:
         mask.fill_(torch.finfo(mask.dtype).min)
         mask[:, 0, :, :past].masked_fill_(self.valid[:, None, :past], 0)
         mask[:, 0, :, past : past + bucket].masked_fill_(host_to_device(local, self.device), 0)
-        freeze = frozen(self.rows * bucket, self.model.dtype)
+        freeze = frozen(self.rows * bucket, self.model.dtype, self.device)
         logits, hidden = call_compiled(self.forward, freeze, past + bucket, input_ids, positions, mask)
         return logits[:, :length], None if hidden is None else hidden[:, :length]
 

@@ -6,7 +6,7 @@ A forward of T input rows is padded to a bucket of 1, 2, 4, ... 128 rows (dummy 
 that nothing sees) and runs the graph `torch.compile` made for that bucket, with the step's additive mask written
 into a buffer of the bucket's own [1, 1, bucket, capacity]. Attention reads only the filled part of the cache
 (`filled_sdpa`, opaque to the compiler, so one graph serves every length). A graph of float32 weights from
-PACKED_FROM rows on, and every graph of 16-bit weights, is made with the weights frozen into it.
+PACKED_FROM rows on, and every graph of 16-bit weights, is made on the CPU with the weights frozen into it.
 """
 from __future__ import annotations
 
@@ -103,9 +103,11 @@ def compile_step(function: Callable) -> Callable:
     return torch.compile(function, dynamic=False, options={"guard_filter_fn": skip})
 
 
-def frozen(rows: int, dtype: torch.dtype) -> bool:
-    """Whether a graph of `rows` input rows over weights of `dtype` is made with the weights frozen into it."""
-    return rows >= PACKED_FROM or dtype in (torch.bfloat16, torch.float16)
+def frozen(rows: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a graph of `rows` input rows over weights of `dtype` on `device` is made with the weights frozen into
+    it: on the CPU only, where freezing packs them for its GEMMs (on a GPU there is nothing to pack, it was never
+    measured there, and a frozen graph per bucket may keep a copy of the weights of its own)."""
+    return torch.device(device).type == "cpu" and (rows >= PACKED_FROM or dtype in (torch.bfloat16, torch.float16))
 
 
 def call_compiled(step: Callable, freeze: bool, span: int, *args, **kwargs):

@@ -153,7 +153,8 @@ class StaticForward:
             position_buffer = self._buffer("position_ids", positions, bucket)
             position_buffer[:, :count] = positions
             position_buffer[:, count:] = past
-            out = call_compiled(self.forward_compiled, frozen(bucket, self.dtype), past + bucket, cache=self.cache,
+            freeze = frozen(bucket, self.dtype, self.device)
+            out = call_compiled(self.forward_compiled, freeze, past + bucket, cache=self.cache,
                                 position_ids=position_buffer, attention_mask=full, **padded)
             out = out[:, :count][:, count - options.get("logits_to_keep", count):]
         self.cut_to(past + count)

@@ -153,7 +153,7 @@ class CompiledTarget(EagerTarget):
         block.fill_diagonal_(0)  # every input sees itself (dummies only themselves)
         if local is not None:
             block[:size, :size].masked_fill_(local, 0)
-        freeze = frozen(bucket, self.model.dtype)
+        freeze = frozen(bucket, self.model.dtype, self.device)
         logits, hidden = call_compiled(self.forward, freeze, past + bucket, input_ids, positions, mask)
         return logits[0, :size], None if hidden is None else hidden[0, :size]
 
