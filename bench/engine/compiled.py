@@ -10,7 +10,6 @@ PACKED_FROM rows on, and every graph of 16-bit weights, is made on the CPU with 
 """
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 
 import torch
@@ -117,15 +116,6 @@ def call_compiled(step: Callable, freeze: bool, span: int, *args, **kwargs):
     # dynamo reads the flag from the global config while it traces, not from torch.compile's options
     with torch._inductor.config.patch(freezing=freeze):
         return step(*args, **kwargs)
-
-
-def release_graphs() -> None:
-    """Drop every compiled graph of this process (dynamo's caches) and what only they held. A frozen graph holds its
-    own packed copy of its network's weights (the target's: a copy per bucket), and a graph outlives its run: a
-    process running compiled runs one after another (a Hydra multirun, bench.smoke) kept every earlier run's, and the
-    smoke's fourteenth method met the out-of-memory killer at 24 GB. The compiler's cache on disk stays."""
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def unmark_static(cache: StaticCache) -> None:

@@ -11,7 +11,6 @@ import torch
 from omegaconf import DictConfig
 
 from bench.config import fold_deprecated
-from bench.engine.compiled import release_graphs
 from bench.errors import ConfigError
 from bench.measure.backends.engine import EngineBackend
 from bench.measure.backends.server import ServerBackend, check_server_config
@@ -57,13 +56,8 @@ def run_in_folder(cfg: DictConfig, settings: RunSettings | None, started: float)
     why = compile_choice(cfg)[1]
     if why:  # engine.compile=auto's choice
         print(f"engine.compile=auto: {why}", file=sys.stderr)
-    try:
-        engine.compile_for(questions)  # before the run's keys are read: a failed compile runs eager, under eager's keys
-        return InterleavedRun(settings, engine, started).run(questions)
-    finally:
-        if settings.compiled:
-            del engine, model  # the graphs' networks: freed with them
-            release_graphs()
+    engine.compile_for(questions)  # before the run's keys are read: a failed compile runs eager, under eager's keys
+    return InterleavedRun(settings, engine, started).run(questions)
 
 
 def run_server(settings: RunSettings, cfg: DictConfig, started: float) -> pd.DataFrame | None:
