@@ -23,8 +23,8 @@ import pandas as pd
 
 from bench.artifacts import PROJECT_ROOT
 from bench.config import compose_config
-from bench.parity.same_head import ENGINES, HEADS
 from bench.records import read_jsonl
+from bench.same_head import ENGINES, HEADS
 from methods.dflash.checkpoints import published_copy
 
 

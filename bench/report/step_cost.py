@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bench.parity.same_head import HEADS, vllm_server
+from bench.same_head import HEADS, vllm_server
 
 ENGINE_OF_DEVICE = {"server:vllm": "vllm"}  # the record's device column for vLLM's runs; ours is the run's device
 

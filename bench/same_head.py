@@ -1,6 +1,6 @@
-"""One head, two engines (bench/parity/engines.py): per head, the overrides that run it as a chain of k drafts in our
-engine and the vLLM server that runs the same head or draft. Plain data (no torch): the report pairs the record's
-runs with it."""
+"""One head, two engines (python -m bench.parity.engines): per head, the overrides that run it as a chain of k
+drafts in our engine and the vLLM server that runs the same head or draft. Plain data, no torch: the report
+(bench/report/step_cost.py) pairs the cross-engine record's runs with it."""
 from __future__ import annotations
 
 # Per head: our engine's method as a chain of k drafts, and the vLLM server loading the same head or draft. EAGLE's
