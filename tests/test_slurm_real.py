@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.artifacts import PROJECT_ROOT
+from bench.config import typed_command
 from bench.records import read_jsonl
 from tests.conftest import tiny_overrides
 
@@ -67,7 +67,7 @@ def test_a_two_job_sweep_runs_each_job_through_slurm_in_its_own_folder(tiny_chec
         assert len(question_ids(run_dir)) == 2 == len(set(question_ids(run_dir)))
         meta = json.loads((run_dir / "meta.json").read_text())
         assert (meta["scheduler"], meta["job_id"], meta["cpu_threads"]) == ("slurm", job, 1)
-        assert meta["command"] == shlex.join(command)
+        assert meta["command"] == typed_command(command)  # as typed: `python -m bench ...`
     summary = (tmp_path / "sweep" / "summary.txt").read_text().splitlines()
     assert [line.split()[:2] for line in summary] == [[job, "COMPLETED"] for job in jobs]
     assert accounted(jobs) == [f"{job}|COMPLETED" for job in jobs]
