@@ -2,6 +2,7 @@
 conf/config.yaml; `specbench` is the same command)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -18,15 +19,31 @@ def main() -> None:
 def benchmark(cfg: DictConfig) -> None:
     """One run of the composed `cfg`: its settings checked (one `error:` line per bad value, exit status 2) before
     anything loads."""
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from bench.engine.kvcache import UnsupportedModelError
+    from bench.measure.own_process import RunFailed, own_process_needed, run_in_own_process
     from bench.measure.run import run
     from bench.records import FolderInUseError
+    from bench.settings import compile_choice
     from bench.validate import validate
 
+    hydra_cfg = HydraConfig.get()
     with exit_on_user_error(UnsupportedModelError, FolderInUseError):
         settings = validate(fold_deprecated(cfg))
         with sweep_claim(settings):
-            run(cfg, settings)
+            if not own_process_needed(hydra_cfg.mode == RunMode.MULTIRUN, hydra_cfg.runtime.choices["hydra/launcher"],
+                                      settings.backend == "engine" and compile_choice(cfg)[0]):
+                run(cfg, settings)
+                return
+            print("engine.compile: a compiled job of this sweep runs in a process of its own (its graphs would stay "
+                  "in the sweep's: bench/measure/own_process.py)", file=sys.stderr)
+            try:
+                run_in_own_process(cfg, torch.get_num_threads())
+            except RunFailed as failed:
+                sys.exit(failed.code)
 
 
 def sweep_claim(settings: RunSettings):

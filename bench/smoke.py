@@ -2,8 +2,8 @@
 
 Runs every method of conf/method/*.yaml (vanilla first) on a few questions of every task with short greedy
 generations (task=all task.limit=1 gen.max_new_tokens=32 device=cpu datastore.auto_build=false, SmolLM2-135M by
-default; extra Hydra overrides are appended), in one process, one method after the other. A method whose artifacts
-are missing (a datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix
+default; extra Hydra overrides are appended), in one process, one method after the other (a compiled one,
+engine.compile=on, in a process of its own: bench/measure/own_process.py). A method whose artifacts are missing (a datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix
 printed; any other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress
 against the committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Last, one bfloat16 run (BFLOAT16_CHECK: EAGLE-2 on 3 MT-bench questions, 64 tokens, model=smollm2_135m_bf16; not in
@@ -54,10 +54,19 @@ def fresh_folder(out: Path) -> None:
 
 
 def run_method(method: str, out_dir: Path, overrides: list[str]) -> None:
-    """One `python -m bench method=<method> ...` run, in this process."""
-    from bench.measure.run import run
+    """One `python -m bench method=<method> ...` run, in this process, or a compiled one in a process of its own
+    (bench/measure/own_process.py: a compiled run's graphs would stay in this one)."""
+    import torch
 
-    run(compose_config(f"method={method}", *overrides, f"out_dir={out_dir}"))
+    from bench.measure.own_process import run_in_own_process
+    from bench.measure.run import run
+    from bench.settings import compile_choice
+
+    cfg = compose_config(f"method={method}", *overrides, f"out_dir={out_dir}")
+    if compile_choice(cfg)[0]:
+        run_in_own_process(cfg, torch.get_num_threads())
+    else:
+        run(cfg)
 
 
 def bfloat16_check(out: Path, overrides: list[str]) -> str | None:
