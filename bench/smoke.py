@@ -3,8 +3,9 @@
 Runs every method of conf/method/*.yaml (vanilla first) on a few questions of every task with short greedy
 generations (task=all task.limit=1 gen.max_new_tokens=32 device=cpu datastore.auto_build=false, SmolLM2-135M by
 default; extra Hydra overrides are appended), in one process, one method after the other (a compiled one,
-engine.compile=on, in a process of its own: bench/measure/own_process.py). A method whose artifacts are missing (a datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix
-printed; any other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress
+engine.compile=on, in a process of its own: bench/measure/own_process.py). A method whose artifacts are missing
+(a datastore, trained heads, a draft model: bench.errors.MissingArtifactError) is skipped with its fix printed; any
+other error fails the smoke. Then writes the report (<out>/report) and checks it with bench.regress
 against the committed baseline (skipped methods may be absent from the runs). `--update` writes the baseline instead.
 Last, one bfloat16 run (BFLOAT16_CHECK: EAGLE-2 on 3 MT-bench questions, 64 tokens, model=smollm2_135m_bf16; not in
 the report or the baseline): every question that leaves vanilla's output must do so at a numeric tie proven by the
