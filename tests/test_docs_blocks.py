@@ -250,3 +250,21 @@ def test_parity_blocks_render_bench_parity_s_rows_of_their_methods(tmp_path, cap
     said = capsys.readouterr()
     assert "(make it: run `OMP_NUM_THREADS=1 python -m bench.parity`, then `python -m bench.report --docs`)" in \
         said.out + said.err
+
+
+@pytest.mark.parametrize(("commands", "said"), [
+    (["python -m bench method=pld", "python -m bench method=sps"],
+     "made with `python -m bench method=pld`; `python -m bench method=sps`."),
+    ([f"python -m bench method=m{i}" for i in range(4)],
+     "made with the 4 commands listed in `results/reference/exp/host/meta.json`."),
+])
+def test_a_caption_names_a_few_commands_and_points_to_the_record_for_more(commands, said):
+    import pandas as pd
+
+    from bench.artifacts import PROJECT_ROOT
+    from bench.report.docs_blocks import caption
+
+    board = pd.DataFrame([{"model": "m", "dtype": "float32", "device_name": "CPU", "device": "cpu", "temperature": 0.0,
+                           "max_new_tokens": 32, "task": "qa", "n_questions": 3}])
+    meta = {"torch": "2.13.0", "first_started": "2026-12-06T10:00:00", "commands": commands}
+    assert caption(PROJECT_ROOT / "results" / "reference" / "exp" / "host", meta, board).endswith(said)
