@@ -220,6 +220,19 @@ def command_line_overrides(argv: list[str]) -> tuple[list[str], bool]:
     return [*args.overrides, *(a for a in rest if not a.startswith("-"))], args.multirun
 
 
+def flags_first(argv: list[str]) -> list[str]:
+    """`argv` with Hydra's flags before every override: Hydra's parser takes one run of overrides, so
+    `+experiment=x -m method=a,b` (as conf/experiment/*.yaml's comments write it) was refused for its last ones."""
+    overrides, _ = command_line_overrides(argv)
+    left, flags = list(overrides), []
+    for word in argv:
+        if word in left:
+            left.remove(word)
+        else:
+            flags.append(word)
+    return [*flags, *overrides]
+
+
 def run_hydra_command(app: Callable[[DictConfig], None], config_name: str,
                       folders: Mapping[str, str] | None = None) -> None:
     """Run `app` as the Hydra app over conf/<config_name>.yaml on this process's command line, once its config
@@ -235,4 +248,5 @@ def run_hydra_command(app: Callable[[DictConfig], None], config_name: str,
         if not multirun and (problems := unknown_keys(config_name, overrides)):
             raise ConfigError("\n".join(problems))
     os.environ[COMMAND_VARIABLE] = typed_command()  # for meta.json, in this process and a sweep's jobs
+    sys.argv[1:] = flags_first(sys.argv[1:])
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(app)()

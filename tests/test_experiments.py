@@ -54,3 +54,29 @@ def test_command_line_overrides_replace_the_experiments_values():
     assert greedy == [["method=pld", "gen.temperature=0", "seed=0"], ["method=eagle2", "gen.temperature=0", "seed=0"]]
     cfg = compose_config("+experiment=temperature", *greedy[0])
     assert cfg.out_dir.startswith("results/runs/temperature/smollm2_135m/pld/all-128tok-") and cfg.task.limit == 5
+
+
+@pytest.mark.parametrize(("argv", "reordered"), [
+    (["+experiment=cost_model", "-m", "method=pld,eagle2"], ["-m", "+experiment=cost_model", "method=pld,eagle2"]),
+    (["task=qa", "--cfg", "job", "method=pld"], ["--cfg", "job", "task=qa", "method=pld"]),
+    (["-m", "method=pld", "task=qa"], ["-m", "method=pld", "task=qa"]),
+])
+def test_hydra_s_flags_go_before_every_override(argv, reordered):
+    from bench.config import flags_first
+
+    assert flags_first(argv) == reordered
+
+
+def test_overrides_after_a_flag_are_taken_as_the_experiments_comments_write_them():
+    """`python -m bench +experiment=<name> -m method=...`, as conf/experiment/*.yaml's comments say: Hydra's own parser
+    refused the overrides after the flag (exit 2, "unrecognized arguments")."""
+    import subprocess
+    import sys
+
+    from bench.artifacts import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-m", "bench", "+experiment=cost_model", "--cfg", "job", "method=pld",
+                           "method.sizing=auto"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = OmegaConf.create(done.stdout)
+    assert (shown.method.name, shown.method.sizing, shown.task.limit) == ("pld", "auto", 5)

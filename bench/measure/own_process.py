@@ -2,7 +2,7 @@
 and with them its model's weights and every frozen graph's packed copy of them, for as long as the process lives
 (measured: about 1.7 GB a float32 run of SmolLM2-135M; torch._dynamo.reset() frees none of it). So a process that
 runs compiled runs one after another, a Hydra multirun on the basic or joblib launcher or bench.smoke, runs each in
-`python -m bench.measure.own_process`, which ends with its run. submitit's jobs are processes of their own already.
+a Python process of its own, which ends with its run. submitit's jobs are processes of their own already.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.errors import MissingArtifactError, exit_on_user_error
 
+CHILD = f"import sys; from {__name__} import run_child; run_child(*sys.argv[1:])"  # not a command of its own
 MISSING_ARTIFACT = 3  # the child's exit status for a MissingArtifactError, its message in the file it was given
 
 
@@ -38,14 +39,15 @@ def run_in_own_process(cfg: DictConfig, threads: int) -> None:
     with tempfile.TemporaryDirectory(prefix="specbench-run-") as folder:
         config, missing = Path(folder) / "config.yaml", Path(folder) / "missing.txt"
         config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        code = subprocess.run([sys.executable, "-m", __name__, str(config), str(threads), str(missing)]).returncode
+        code = subprocess.run([sys.executable, "-c", CHILD, str(config), str(threads), str(missing)]).returncode
         if code == MISSING_ARTIFACT:
             raise MissingArtifactError(missing.read_text())
         if code:
             raise RunFailed(code)
 
 
-def main(config: str, threads: str, missing: str) -> None:
+def run_child(config: str, threads: str, missing: str) -> None:
+    """The child's side: run the config file's run with `threads` torch threads."""
     import torch
 
     from bench.engine.kvcache import UnsupportedModelError
@@ -59,7 +61,3 @@ def main(config: str, threads: str, missing: str) -> None:
         except MissingArtifactError as err:  # the caller's to say (bench.smoke skips the method)
             Path(missing).write_text(str(err))
             sys.exit(MISSING_ARTIFACT)
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
