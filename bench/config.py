@@ -33,6 +33,18 @@ if not OmegaConf.has_resolver("settings_label"):  # conf/config.yaml's out_dir: 
     OmegaConf.register_new_resolver("settings_label", lambda *, _root_: settings_label(_root_))
 
 
+def preferred_dtype() -> str:
+    """bfloat16 where the CPU has bfloat16 matrix instructions (AMX-BF16, AVX512-BF16), else float32: a model
+    config's `dtype: ${preferred_dtype:}`."""
+    from bench.models import cpu_bfloat16_support
+
+    return "bfloat16" if cpu_bfloat16_support() else "float32"
+
+
+if not OmegaConf.has_resolver("preferred_dtype"):
+    OmegaConf.register_new_resolver("preferred_dtype", preferred_dtype)
+
+
 def compose_config(*overrides: str, return_hydra_config: bool = False) -> DictConfig:
     """conf/config.yaml with Hydra `overrides`, as `python -m bench ...` composes it, without running anything."""
     refuse_unknown_choices(overrides)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.artifacts import cache_dir, package_dir, partial_folder, publish_folder
 from bench.errors import ConfigError, MissingArtifactError
+from bench.model_parts import assembled_folder
 from tasks.prompts import set_prompt_format
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -64,8 +65,13 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 def model_folder(model: DictConfig) -> Path:
-    """The folder holding a model's files: its installed package's (model.package), else model.path."""
-    return package_dir(model.package, model.install_hint) if model.get("package") else Path(model.path)
+    """The folder holding a model's files: its installed package's (model.package), the cache folder of its
+    assembled parts (model.parts: bench/model_parts.py), else model.path."""
+    if model.get("package"):
+        return package_dir(model.package, model.install_hint)
+    if model.get("parts"):
+        return assembled_folder(model)
+    return Path(model.path)
 
 
 def dequantized_gguf(cfg: DictConfig) -> Path:

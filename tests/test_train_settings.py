@@ -48,6 +48,9 @@ def train_config(*overrides: str):
     (["method=sps", "train.eval_draft_tokens=0"], "train.eval_draft_tokens=0: must be a whole number >= 1"),
     (["method=sps", "train.minutes=-2"], "train.minutes=-2: must be a number >= 0"),
     (["method=sps", "train.layers=[]"], "train.layers=[]: must be a list of target layer indices"),
+    (["method=sps", "model=qwen25_coder_1p5b"], "method.drafter.draft_path=model:qwen25_coder_0p5b: a released "
+     "model, not trained here; set method.drafter.draft_path=artifacts/sps/qwen25_coder_1p5b to train a draft of its "
+     "own"),
 ])
 def test_a_bad_training_value_is_one_line_and_exit_2_before_the_target_loads(overrides, line, monkeypatch, capsys):
     for trainer in (methods.heads.training, methods.sps.train):

