@@ -12,8 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from bench.artifacts import artifact_fingerprint, cache_dir, partial_folder, publish_folder, resolve_artifact_path
-from bench.errors import InvalidArtifactError, MissingArtifactError
 from bench.config import compose_config
+from bench.errors import InvalidArtifactError, MissingArtifactError
 from bench.models import dequantized_gguf
 from methods.heads.common import key_summary, load_strictly, read_tensors
 
