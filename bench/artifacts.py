@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,37 @@ def resolve_artifact_path(path: str | Path) -> Path | None:
     if local.exists() or path.is_absolute() or path.parts[0] in (".", "..", "artifacts"):
         return local
     return None
+
+
+RELEASED_MODEL = "model:"  # an artifact path `model:<name>`: conf/model/<name>.yaml's model, installed by the harness
+
+
+def drafter_source(drafter: dict | None) -> str | None:
+    """Where a drafter's weights came from, for the leaderboard: `release: <model>` (a released model the harness
+    installs), `trained here: <minutes> min, <tokens> tokens (<data>)` (a local folder's card.json), `hub:
+    <id>`, or None for a drafter with no weights (training-free). Reads `checkpoint` or `draft_path`, SAM-Decoding's
+    in its fallback's settings."""
+    if not drafter:
+        return None
+    settings = drafter.get(drafter["fallback"]) or {} if drafter.get("fallback") else drafter
+    path = settings.get("checkpoint") or settings.get("draft_path")
+    if not path or path == "???":
+        return None
+    if str(path).startswith(RELEASED_MODEL):
+        return f"release: {str(path).removeprefix(RELEASED_MODEL)}"
+    local = resolve_artifact_path(path)
+    if local is None:
+        return f"hub: {path}"
+    try:
+        card = json.loads((local / "card.json").read_text())
+    except (OSError, ValueError):
+        return f"trained here: {path} (no card.json)"
+    stints = [stint.get("data") for stint in card.get("stints", [])] or [card.get("data")]
+    self_distilled = [isinstance(data, dict) and data.get("source") == "self_distill" for data in stints]
+    data = " and ".join([*(["ShareGPT"] if not all(self_distilled) else []),
+                         *(["self-distilled answers"] if any(self_distilled) else [])])
+    return (f"trained here: {card.get('train_minutes', float('nan')):.0f} min, "
+            f"{card.get('tokens_seen', 0) / 1e6:.1f}M tokens ({data})")
 
 
 def package_dir(package: str, install_hint: str) -> Path:

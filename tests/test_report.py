@@ -16,7 +16,7 @@ from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer
 
 import bench.report.plots
-from bench.artifacts import PROJECT_ROOT
+from bench.artifacts import PROJECT_ROOT, drafter_source
 from bench.measure.metrics import speedup_interval
 from bench.report.page import METHOD_DOCS, method_links
 from bench.report.plots import plot_speedup_by_task
@@ -159,6 +159,32 @@ def test_the_lossless_column_is_there_when_every_method_is_exact(tmp_path):
     write_run(tmp_path / "vanilla", "vanilla", vanilla_records(BASE_TIME))
     table = formatted(wide_table(leaderboard(load_runs(tmp_path)))).set_index("Method")
     assert table.Lossless.to_dict() == {"pld": "yes", "sps": "yes · 1 tie", "vanilla": "reference"}
+
+
+def test_the_drafter_column_says_where_each_drafter_came_from(tmp_path):
+    """A released draft (from the config), a head trained here (meta.json's drafter_source, as a run writes it from
+    its card.json), a training-free method and vanilla; a board of runs that say nothing of drafters has no column."""
+    method_run(tmp_path / "pld", "pld", {321: 2.0}, [3, 2])
+    write_run(tmp_path / "vanilla", "vanilla", vanilla_records(BASE_TIME))
+    assert "Drafter" not in formatted(wide_table(leaderboard(load_runs(tmp_path)))).columns
+    method_run(tmp_path / "sps", "sps", {321: 2.0}, [3, 2], drafter={"draft_path": "model:qwen25_coder_0p5b"})
+    method_run(tmp_path / "eagle", "eagle", {321: 2.0}, [3, 2], drafter={"checkpoint": "artifacts/eagle/x"},
+               meta_extra={"drafter_source": "trained here: 25 min, 1.5M tokens (self-distilled answers)"})
+    table = formatted(wide_table(leaderboard(load_runs(tmp_path)))).set_index("Method")
+    assert table.Drafter.to_dict() == {"sps": "release: qwen25_coder_0p5b", "pld": "none (training-free)",
+                                       "eagle": "trained here: 25 min, 1.5M tokens (self-distilled answers)",
+                                       "vanilla": "—"}
+
+
+def test_drafter_source_reads_a_card(tmp_path):
+    card = {"train_minutes": 77.08, "tokens_seen": 4227216,
+            "stints": [{"data": "ShareGPT_V3 ... 256-token sequences"}, {"data": {"source": "self_distill"}}]}
+    (tmp_path / "card.json").write_text(json.dumps(card))
+    assert drafter_source({"draft_path": str(tmp_path)}) == \
+        "trained here: 77 min, 4.2M tokens (ShareGPT and self-distilled answers)"
+    assert drafter_source({"fallback": "recycling", "eagle2": {"checkpoint": str(tmp_path)}}) is None
+    assert drafter_source({"fallback": "eagle2", "eagle2": {"checkpoint": "double7/head"}}) == "hub: double7/head"
+    assert drafter_source({"num_pred_tokens": 10}) is None and drafter_source(None) is None
 
 
 def test_histogram_lengths_leave_out_each_turns_prefill(tmp_path):

@@ -14,7 +14,7 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from bench.artifacts import PROJECT_ROOT
+from bench.artifacts import PROJECT_ROOT, drafter_source
 from bench.blas import code_path_origin
 from bench.measure.contention import available_cores, is_starved
 from bench.measure.gpu import GpuMonitor
@@ -35,6 +35,7 @@ def run_metadata(cfg: DictConfig, dtype: str, device: torch.device, started: flo
         commit, dirty = None, None
     return {
         "config": OmegaConf.to_container(cfg, resolve=True),
+        "drafter_source": drafter_source(OmegaConf.to_container(cfg.method, resolve=True).get("drafter")),
         "git_commit": commit,
         "git_dirty": dirty,
         "torch": torch.__version__,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench import label_of, method_identity
+from bench.artifacts import drafter_source
 from bench.measure.contention import DEFAULT_STARVATION_THRESHOLD
 from bench.records import read_jsonl
 from tasks import task_of
@@ -96,13 +97,15 @@ def load_runs(root: Path) -> pd.DataFrame:
             "is_baseline": is_baseline,
             "method_config": json.dumps(method_identity(method_cfg), sort_keys=True, default=str),
             "profile": meta.get("profile"),
+            # where the drafter came from; runs made before meta.json recorded it: from their config
+            "drafter": meta.get("drafter_source") or drafter_source(method_cfg.get("drafter")),
         }
         for record in answers.values():
             rows.append({**run_info, "task": task_of(record["category"]), "question_id": record["question_id"],
                          "record": record, "baseline": baselines.get(record["question_id"])})
     columns = ["run_dir", "finished", "setting", *SETTING_COLUMNS, "torch", "transformers", "git_commit", "host",
                "weights", "limit", "seed", "starvation_threshold", "method", "is_baseline", "method_config", "profile",
-               "task", "question_id", "record", "baseline"]
+               "drafter", "task", "question_id", "record", "baseline"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -32,6 +32,9 @@ OVERALL_COLUMN = "Overall"
 ENERGY_COLUMN = "J/token"  # GPU energy per generated token (NVML); only in tables whose runs measured it
 
 
+DRAFTER_COLUMN = "Drafter"  # where the drafter's weights came from: a release, or trained here for how long on what
+
+
 LOSSLESS_COLUMN = "Lossless"  # yes where every answer equals vanilla's (numeric ties aside), else how far it matched
 
 
@@ -94,7 +97,7 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
                "cpu_share", "starved",
                *POSITION_COLUMNS, *(c for c in AGGREGATE_COLUMNS if c != "mean_accepted_tokens"), *COST_COLUMNS,
                *BOUND_COLUMNS, *ENERGY_COLUMNS, "n_tasks", "torch", "transformers", "finished",
-               "runs"]
+               "runs", "drafter"]
     if latest.empty:
         return pd.DataFrame(columns=columns)
     out = []
@@ -116,7 +119,8 @@ def board_of(latest: pd.DataFrame, labels: dict) -> pd.DataFrame:
                             "diverged_questions": diverged, "n_tasks": rows.task.nunique(),
                             "torch": ",".join(sorted(set(map(str, chosen.torch)))),
                             "transformers": ",".join(sorted(set(map(str, chosen.transformers)))),
-                            "finished": chosen.finished.max(), "runs": ";".join(sorted(set(chosen.run_dir)))})
+                            "finished": chosen.finished.max(), "runs": ";".join(sorted(set(chosen.run_dir))),
+                            "drafter": next((d for d in chosen.drafter if isinstance(d, str)), None)})
     return pd.DataFrame(out, columns=columns)
 
 
@@ -148,6 +152,9 @@ def wide_table(board: pd.DataFrame) -> pd.DataFrame:
                                 overall.get("exact_until_divergence"))
         if "joules_per_token" in board and board.joules_per_token.notna().any():
             row[ENERGY_COLUMN] = overall.joules_per_token
+        if "drafter" in board and board.drafter.notna().any():  # runs that recorded it (meta.json drafter_source)
+            row[DRAFTER_COLUMN] = overall.drafter if isinstance(overall.drafter, str) else \
+                "—" if method == VANILLA else "none (training-free)"
         row["_intervals"], row["_tasks"] = intervals, [t for t in all_tasks if t in by_task.index]
         row["_partial"] = len(row["_tasks"]) < len(all_tasks)
         row["_starved"] = is_flagged(overall.starved)
@@ -180,6 +187,8 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     for heading in [c for c in table.columns if not c.startswith("_") and c != "Method"]:
         if heading == LOSSLESS_COLUMN:
             shown[heading] = [lossless_text(m, v) for m, v in zip(table.Method, table[heading])]
+        elif heading == DRAFTER_COLUMN:
+            shown[heading] = table[heading]
         elif heading in DIGITS:
             shown[heading] = table[heading].map(lambda v: "—" if pd.isna(v) else f"{v:.{DIGITS[heading]}f}")
         else:

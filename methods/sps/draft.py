@@ -11,7 +11,14 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from bench.artifacts import artifact_fingerprint, cache_dir, partial_folder, publish_folder, resolve_artifact_path
+from bench.artifacts import (
+    RELEASED_MODEL,
+    artifact_fingerprint,
+    cache_dir,
+    partial_folder,
+    publish_folder,
+    resolve_artifact_path,
+)
 from bench.config import compose_config
 from bench.errors import InvalidArtifactError, MissingArtifactError
 from bench.models import dequantized_gguf
@@ -60,9 +67,6 @@ def save_draft(draft, out_dir: Path, card: dict) -> None:
     state = {name: p.detach().to(torch.float16).contiguous() for name, p in own_state(draft).items()}
     save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-
-
-RELEASED_MODEL = "model:"  # draft_path `model:<name>`: conf/model/<name>.yaml's model, installed by the harness
 
 
 def resolve_draft_path(path: str | Path) -> Path | None:

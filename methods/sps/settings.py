@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from bench.artifacts import RELEASED_MODEL
 from bench.errors import ConfigError
 from methods.heads.settings import StintSettings, whole_numbers
-from methods.sps.draft import RELEASED_MODEL, resolve_draft_path
+from methods.sps.draft import resolve_draft_path
 
 
 @dataclass(frozen=True)
