@@ -33,7 +33,7 @@ def drafter_source(drafter: dict | None) -> str | None:
     in its fallback's settings."""
     if not drafter:
         return None
-    settings = drafter.get(drafter["fallback"]) or {} if drafter.get("fallback") else drafter
+    settings = (drafter.get(drafter["fallback"]) or {}) if drafter.get("fallback") else drafter
     path = settings.get("checkpoint") or settings.get("draft_path")
     if not path or path == "???":
         return None
